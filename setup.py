@@ -1,0 +1,33 @@
+"""spec_decode: exact speculative decoding for T5X-style encoder-decoders."""
+
+import setuptools
+
+setuptools.setup(
+    name='spec_decode',
+    version='0.1.0',
+    description=('Speculative decoding (Leviathan et al., ICML 2023) for T5 '
+                 'encoder-decoders in JAX/Flax, mirroring T5X.'),
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    packages=setuptools.find_packages(include=['spec_decode', 'spec_decode.*']),
+    package_data={'spec_decode': ['pretrained/assets/**/*', 'pretrained/assets/*',
+                                  'data/samples/*']},
+    include_package_data=True,
+    python_requires='>=3.10',
+    install_requires=[
+        'absl-py',
+        'flax>=0.10',
+        'gin-config',
+        'jax>=0.4.35',
+        'msgpack',
+        'numpy',
+        'optax',
+        'tensorstore',
+    ],
+    extras_require={
+        'data': ['seqio', 'sentencepiece', 'tensorflow-cpu'],
+        'test': ['pytest', 'hypothesis', 'scipy'],
+        'plots': ['matplotlib'],
+    },
+    license='Apache-2.0',
+)

@@ -1,0 +1,24 @@
+"""spec_decode: exact speculative decoding for T5X-style encoder-decoders.
+
+Public API:
+  T5Config, t5_config(name, **overrides): model configs and T5X presets.
+  init_params(config, rng): T5X-style initial parameters.
+  load_t5x_checkpoint(path, config=None, dtype=None), save_t5x_checkpoint(...).
+  Model(config, params): a model with `.logits(...)`.
+  generate(model, encoder_input_tokens, *, max_decode_len, ..., draft=None,
+           gamma=4): baseline decoding, or speculative decoding with a draft.
+"""
+
+from spec_decode.checkpoints import CheckpointError
+from spec_decode.checkpoints import load_t5x_checkpoint
+from spec_decode.checkpoints import save_t5x_checkpoint
+from spec_decode.decoding import DecodeResult
+from spec_decode.generation import generate
+from spec_decode.model import init_params
+from spec_decode.model import logical_axes
+from spec_decode.model import Model
+from spec_decode.model import T5Config
+from spec_decode.model import t5_config
+from spec_decode.sampling import SamplingConfig
+
+__version__ = '0.1.0'

@@ -1,0 +1,13 @@
+"""The T5 v1.1 model: config, layers, network and the `Model` wrapper."""
+
+from spec_decode.model.config import PRESETS
+from spec_decode.model.config import T5Config
+from spec_decode.model.config import t5_config
+from spec_decode.model.model import check_params
+from spec_decode.model.model import init_params
+from spec_decode.model.model import logical_axes
+from spec_decode.model.model import Model
+from spec_decode.model.model import param_shapes
+from spec_decode.model.network import DecoderCache
+from spec_decode.model.network import EncodedInputs
+from spec_decode.model.network import init_cache

@@ -1,0 +1,230 @@
+"""`Model`: a config and its parameters, plus the functional model calls.
+
+Baseline and speculative decoding both go through `prepare_decoding` and
+`decode_chunk` below, so the two decoders run the very same model code.
+"""
+
+import functools
+from typing import Any, Dict, Tuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import validation
+from spec_decode.model.config import T5Config
+from spec_decode.model.network import DecoderCache
+from spec_decode.model.network import EncodedInputs
+from spec_decode.model.network import Transformer
+
+Array = jax.Array
+Params = Dict[str, Any]
+
+
+def _init_variables(config: T5Config, rng: Array) -> Params:
+  dummy = jnp.ones((1, 1), jnp.int32)
+  return Transformer(config).init(rng, dummy, dummy)['params']
+
+
+def init_params(config: T5Config, rng: Array) -> Params:
+  """Initialises parameters as T5X does (float32, T5X initialisers).
+
+  Args:
+    config: The model config.
+    rng: A `jax.random` key.
+
+  Returns:
+    A nested dict of float32 arrays with T5X's names and 2-D kernel shapes.
+  """
+  # Eager on purpose: one jitted init of every parameter compiles for tens of
+  # seconds on CPU, while the per-op kernels are cached and fast.
+  return flax.core.unfreeze(nn.unbox(_init_variables(config, rng)))
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract_variables(config: T5Config) -> Any:
+  return jax.eval_shape(functools.partial(_init_variables, config),
+                        jax.random.PRNGKey(0))
+
+
+def param_shapes(config: T5Config) -> Dict[str, Any]:
+  """Returns the parameter tree of `config` as `jax.ShapeDtypeStruct`s."""
+  return flax.core.unfreeze(nn.unbox(_abstract_variables(config)))
+
+
+def logical_axes(config: T5Config) -> Dict[str, Any]:
+  """Returns T5X's logical axis names of every parameter.
+
+  Args:
+    config: The model config.
+
+  Returns:
+    A tree like the params whose leaves are `jax.sharding.PartitionSpec`s of
+    logical names ('vocab', 'embed', 'joined_kv', 'mlp', 'heads',
+    'relpos_buckets'), ready for `flax.linen.logical_to_mesh_sharding`.
+  """
+  return flax.core.unfreeze(nn.get_partition_spec(_abstract_variables(config)))
+
+
+def _flatten(tree: Dict[str, Any]) -> Dict[str, Any]:
+  return {'/'.join(path): leaf for path, leaf in
+          flax.traverse_util.flatten_dict(tree).items()}
+
+
+def check_params(config: T5Config, params: Params, source: str = 'params'
+                 ) -> None:
+  """Checks that `params` has exactly the tree and shapes `config` implies.
+
+  Args:
+    config: The model config.
+    params: A nested dict of arrays.
+    source: What the params came from, for error messages (e.g. a path).
+
+  Raises:
+    ValueError: Naming the first missing key, unexpected key or shape
+      mismatch.
+  """
+  if not isinstance(params, dict):
+    raise ValueError(f'{source}: expected a nested dict of parameters, got '
+                     f'{type(params).__name__}.')
+  expected = _flatten(param_shapes(config))
+  actual = _flatten(params)
+  for key in sorted(expected):
+    if key not in actual:
+      raise ValueError(f'{source}: missing parameter {key!r} (expected shape '
+                       f'{tuple(expected[key].shape)} for this config).')
+  for key in sorted(actual):
+    if key not in expected:
+      raise ValueError(f'{source}: unexpected parameter {key!r}; the config '
+                       'has no such parameter (wrong config?).')
+    shape = tuple(np.shape(actual[key]))
+    if shape != tuple(expected[key].shape):
+      raise ValueError(f'{source}: parameter {key!r} has shape {shape}, but '
+                       f'the config expects {tuple(expected[key].shape)}.')
+
+
+def prepare_decoding(config: T5Config, params: Params,
+                     encoder_input_tokens: Array) -> EncodedInputs:
+  """Runs the encoder and the cross-attention key/value projections once."""
+  return Transformer(config).apply({'params': params}, encoder_input_tokens,
+                                   method=Transformer.prepare_decoding)
+
+
+def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
+                 cache: DecoderCache, encoded: EncodedInputs
+                 ) -> Tuple[Array, DecoderCache]:
+  """Scores `tokens` [batch, K] at positions start[b]..start[b]+K-1.
+
+  Returns:
+    float32 logits [batch, K, vocab] and the updated cache.
+  """
+  return Transformer(config).apply({'params': params}, tokens, start, cache,
+                                   encoded, method=Transformer.decode)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _teacher_forced_logits(config: T5Config, params: Params,
+                           encoder_input_tokens: Array,
+                           decoder_input_tokens: Array) -> Array:
+  return Transformer(config).apply({'params': params}, encoder_input_tokens,
+                                   decoder_input_tokens)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _encoder_output(config: T5Config, params: Params,
+                    encoder_input_tokens: Array) -> Array:
+  return Transformer(config).apply({'params': params}, encoder_input_tokens,
+                                   method=Transformer.encode)
+
+
+class Model:
+  """A T5 v1.1 model: a `T5Config` and a parameter tree that fits it.
+
+  Attributes:
+    config: The model config.
+    params: Nested dict of arrays with T5X's names and shapes.
+    eos_id: The vocabulary's end-of-sequence id (T5: 1).
+  """
+
+  def __init__(self, config: T5Config, params: Params, eos_id: int = 1):
+    if not isinstance(config, T5Config):
+      raise TypeError(f'config must be a T5Config, got {type(config).__name__}.')
+    check_params(config, params)
+    eos_id = validation.check_int('eos_id', eos_id, 0)
+    if eos_id >= config.vocab_size:
+      raise ValueError(f'eos_id must be < vocab_size={config.vocab_size}, got '
+                       f'{eos_id}.')
+    self._config = config
+    self._params = params
+    self._eos_id = eos_id
+
+  @property
+  def config(self) -> T5Config:
+    return self._config
+
+  @property
+  def params(self) -> Params:
+    return self._params
+
+  @property
+  def eos_id(self) -> int:
+    return self._eos_id
+
+  def __repr__(self) -> str:
+    count = sum(int(np.prod(np.shape(x)))
+                for x in jax.tree_util.tree_leaves(self._params))
+    return f'Model({self._config}, {count:,} parameters)'
+
+  def logits(self, encoder_input_tokens: Any,
+             decoder_input_tokens: Any) -> Array:
+    """Teacher-forced logits, without dropout.
+
+    Args:
+      encoder_input_tokens: int [batch, enc_len], 0-padded.
+      decoder_input_tokens: int [batch, dec_len]: targets shifted right with
+        start token 0. The decoder mask is causal; at padded target positions
+        T5X also masks padded keys, which changes nothing at real positions.
+
+    Returns:
+      float32 [batch, dec_len, vocab].
+    """
+    vocab = self._config.vocab_size
+    enc = validation.check_tokens('encoder_input_tokens', encoder_input_tokens,
+                                  vocab)
+    dec = validation.check_tokens('decoder_input_tokens', decoder_input_tokens,
+                                  vocab)
+    if enc.shape[0] != dec.shape[0]:
+      raise ValueError(
+          f'encoder_input_tokens has batch {enc.shape[0]} but '
+          f'decoder_input_tokens has batch {dec.shape[0]}; they must match.')
+    return _teacher_forced_logits(self._config, self._params, enc, dec)
+
+  def encode(self, encoder_input_tokens: Any) -> Array:
+    """The encoder output [batch, enc_len, emb_dim] after `encoder_norm`."""
+    enc = validation.check_tokens('encoder_input_tokens', encoder_input_tokens,
+                                  self._config.vocab_size)
+    return _encoder_output(self._config, self._params, enc)
+
+  def score(self, encoder_input_tokens: Any, decoder_target_tokens: Any
+            ) -> Array:
+    """Per-token log p(target) as T5X's `score_batch` (0 at padding).
+
+    Args:
+      encoder_input_tokens: int [batch, enc_len], 0-padded.
+      decoder_target_tokens: int [batch, dec_len] targets, 0-padded.
+
+    Returns:
+      float32 [batch, dec_len] log-probabilities; sum over the last axis for
+      sequence scores.
+    """
+    targets = validation.check_tokens('decoder_target_tokens',
+                                      decoder_target_tokens,
+                                      self._config.vocab_size)
+    inputs = np.concatenate(
+        [np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+    logits = self.logits(encoder_input_tokens, inputs)
+    logprobs = jax.nn.log_softmax(logits)
+    picked = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
+    return jnp.where(targets > 0, picked, 0.0)

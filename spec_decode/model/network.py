@@ -1,0 +1,286 @@
+"""The T5 v1.1 encoder-decoder, with a decoder built for speculation.
+
+The parameter tree is T5X's (`token_embedder`, `encoder/layers_i/...`,
+`decoder/layers_i/...`, `decoder/logits_dense`). Unlike T5X, whose decoder
+cache holds one scalar index and takes one token per call, `Transformer.decode`
+takes a chunk of K >= 1 tokens per row and a per-row start position, writes
+their keys/values into a preallocated cache at those positions, and masks and
+biases attention by absolute position. Teacher forcing is the same call from
+position 0, so there is one decoder code path for scoring, baseline decoding,
+drafting and verification.
+"""
+
+from typing import Tuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from spec_decode.model import layers
+from spec_decode.model.config import T5Config
+
+Array = jax.Array
+
+
+@flax.struct.dataclass
+class DecoderCache:
+  """Self-attention keys/values of every decoder layer.
+
+  Attributes:
+    keys: One [batch, cache_len, heads, head_dim] array per decoder layer.
+    values: Same shapes as `keys`.
+  """
+  keys: Tuple[Array, ...]
+  values: Tuple[Array, ...]
+
+  @property
+  def length(self) -> int:
+    return self.keys[0].shape[1] if self.keys else 0
+
+
+@flax.struct.dataclass
+class EncodedInputs:
+  """What the decoder needs from the encoder, computed once per call.
+
+  Attributes:
+    cross_keys: One [batch, enc_len, heads, head_dim] array per decoder layer.
+    cross_values: Same shapes as `cross_keys`.
+    encoder_mask: bool [batch, enc_len], True at real (non-pad) tokens.
+  """
+  cross_keys: Tuple[Array, ...]
+  cross_values: Tuple[Array, ...]
+  encoder_mask: Array
+
+
+def init_cache(config: T5Config, batch_size: int,
+               cache_len: int) -> DecoderCache:
+  """Returns an all-zero decoder cache of `cache_len` positions per row."""
+  shape = (batch_size, cache_len, config.num_heads, config.head_dim)
+  zeros = tuple(jnp.zeros(shape, config.activation_dtype)
+                for _ in range(config.num_decoder_layers))
+  return DecoderCache(keys=zeros, values=zeros)
+
+
+def write_chunk(cache: Array, chunk: Array, start: Array) -> Array:
+  """Writes chunk[b] into cache[b, start[b]:start[b] + K].
+
+  Args:
+    cache: [batch, cache_len, ...].
+    chunk: [batch, K, ...].
+    start: int [batch] first position of each row's chunk. The caller sizes
+      the cache so that start + K <= cache_len (XLA would clamp silently).
+
+  Returns:
+    The updated cache.
+  """
+  return jax.vmap(
+      lambda c, x, s: jax.lax.dynamic_update_slice_in_dim(c, x, s, axis=0))(
+          cache, chunk, start)
+
+
+class EncoderLayer(nn.Module):
+  """Pre-norm self-attention and gated MLP blocks."""
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x: Array, bias: Array) -> Array:
+    cfg = self.config
+    dtype = cfg.activation_dtype
+    y = layers.RMSNorm(dtype, name='pre_attention_layer_norm')(x)
+    y = layers.MultiHeadAttention(
+        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype,
+        cfg.float32_attention_logits, name='attention')(y, y, bias)
+    x = x + y
+    y = layers.RMSNorm(dtype, name='pre_mlp_layer_norm')(x)
+    y = layers.GatedMlp(cfg.mlp_dim, cfg.mlp_activations, dtype,
+                        name='mlp')(y)
+    return x + y
+
+
+class Encoder(nn.Module):
+  """Embedding, encoder layers with one shared relative bias, final norm."""
+  config: T5Config
+  shared_embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, encoder_input_tokens: Array) -> Array:
+    cfg = self.config
+    dtype = cfg.activation_dtype
+    relpos = layers.RelativePositionBiases(
+        cfg.relative_attention_num_buckets,
+        cfg.relative_attention_max_distance, cfg.num_heads, dtype,
+        name='relpos_bias')
+    x = self.shared_embedding(encoder_input_tokens).astype(dtype)
+    if cfg.num_encoder_layers:
+      positions = jnp.arange(encoder_input_tokens.shape[1], dtype=jnp.int32)
+      valid = encoder_input_tokens > 0
+      # [batch, 1, len, len] + [1, heads, len, len]
+      bias = (layers.mask_to_bias(
+          valid[:, None, :, None] & valid[:, None, None, :], dtype)
+              + relpos(positions[None, :], positions, bidirectional=True))
+    for index in range(cfg.num_encoder_layers):
+      x = EncoderLayer(cfg, name=f'layers_{index}')(x, bias)
+    return layers.RMSNorm(dtype, name='encoder_norm')(x)
+
+
+class DecoderLayer(nn.Module):
+  """Causal self-attention over the cache, cross-attention, gated MLP."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    dtype = cfg.activation_dtype
+    attention = lambda: layers.MultiHeadAttention(
+        cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype,
+        cfg.float32_attention_logits)
+    self.pre_self_attention_layer_norm = layers.RMSNorm(dtype)
+    self.self_attention = attention()
+    self.pre_cross_attention_layer_norm = layers.RMSNorm(dtype)
+    self.encoder_decoder_attention = attention()
+    self.pre_mlp_layer_norm = layers.RMSNorm(dtype)
+    self.mlp = layers.GatedMlp(cfg.mlp_dim, cfg.mlp_activations, dtype)
+
+  def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
+    """Cross-attention keys/values of the encoder output."""
+    return self.encoder_decoder_attention.project_kv(encoded)
+
+  def __call__(self, x: Array, start: Array, self_bias: Array,
+               cached_key: Array, cached_value: Array, cross_key: Array,
+               cross_value: Array, cross_bias: Array
+               ) -> Tuple[Array, Array, Array]:
+    """Runs the layer on a chunk.
+
+    Args:
+      x: [batch, K, emb] chunk activations.
+      start: int [batch] absolute position of each row's first chunk token.
+      self_bias: [batch, heads, K, cache_len] causal mask + relative bias.
+      cached_key: [batch, cache_len, heads, head_dim].
+      cached_value: [batch, cache_len, heads, head_dim].
+      cross_key: [batch, enc_len, heads, head_dim].
+      cross_value: [batch, enc_len, heads, head_dim].
+      cross_bias: [batch, 1, 1, enc_len] encoder padding bias.
+
+    Returns:
+      The layer output [batch, K, emb] and the updated key and value caches.
+    """
+    y = self.pre_self_attention_layer_norm(x)
+    key, value = self.self_attention.project_kv(y)
+    cached_key = write_chunk(cached_key, key, start)
+    cached_value = write_chunk(cached_value, value, start)
+    x = x + self.self_attention.attend(y, cached_key, cached_value, self_bias)
+    y = self.pre_cross_attention_layer_norm(x)
+    x = x + self.encoder_decoder_attention.attend(y, cross_key, cross_value,
+                                                  cross_bias)
+    y = self.pre_mlp_layer_norm(x)
+    return x + self.mlp(y), cached_key, cached_value
+
+
+class Decoder(nn.Module):
+  """Decoder layers over a position-addressed cache, final norm, logits."""
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    dtype = cfg.activation_dtype
+    self.relpos_bias = layers.RelativePositionBiases(
+        cfg.relative_attention_num_buckets,
+        cfg.relative_attention_max_distance, cfg.num_heads, dtype)
+    # A list attribute gets T5X's names layers_0, layers_1, ...
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.decoder_norm = layers.RMSNorm(dtype)
+    if not cfg.logits_via_embedding:
+      self.logits_dense = layers.Dense(cfg.vocab_size, ('embed', 'vocab'),
+                                       dtype=jnp.float32)
+
+  def cross_kv(self, encoded: Array) -> Tuple[Tuple[Array, ...],
+                                              Tuple[Array, ...]]:
+    pairs = [layer.cross_kv(encoded) for layer in self.layers]
+    return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
+
+  def __call__(self, decoder_input_tokens: Array, start: Array,
+               cache: DecoderCache, encoded: EncodedInputs
+               ) -> Tuple[Array, DecoderCache]:
+    cfg = self.config
+    dtype = cfg.activation_dtype
+    y = self.shared_embedding(decoder_input_tokens).astype(dtype)
+    if self.layers:
+      chunk_len = decoder_input_tokens.shape[1]
+      # [batch, K] absolute positions of the chunk; [cache_len] of the cache.
+      query_positions = start[:, None] + jnp.arange(chunk_len,
+                                                    dtype=jnp.int32)
+      key_positions = jnp.arange(cache.length, dtype=jnp.int32)
+      causal = key_positions[None, None, :] <= query_positions[:, :, None]
+      # [batch, heads, K, cache_len]
+      self_bias = (layers.mask_to_bias(causal[:, None], dtype)
+                   + self.relpos_bias(query_positions, key_positions,
+                                      bidirectional=False))
+      # [batch, 1, 1, enc_len]
+      cross_bias = layers.mask_to_bias(
+          encoded.encoder_mask[:, None, None, :], dtype)
+    keys, values = [], []
+    for index, layer in enumerate(self.layers):
+      y, key, value = layer(y, start, self_bias, cache.keys[index],
+                            cache.values[index], encoded.cross_keys[index],
+                            encoded.cross_values[index], cross_bias)
+      keys.append(key)
+      values.append(value)
+    y = self.decoder_norm(y)
+    if cfg.logits_via_embedding:
+      logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
+    else:
+      logits = self.logits_dense(y)
+    return logits, DecoderCache(keys=tuple(keys), values=tuple(values))
+
+
+class Transformer(nn.Module):
+  """T5 v1.1 encoder-decoder with T5X's parameter tree."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = layers.Embed(cfg.vocab_size, cfg.emb_dim,
+                                       cfg.activation_dtype)
+    self.encoder = Encoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, encoder_input_tokens: Array) -> Array:
+    """Returns the encoder output [batch, enc_len, emb] after `encoder_norm`."""
+    return self.encoder(encoder_input_tokens)
+
+  def prepare_decoding(self, encoder_input_tokens: Array) -> EncodedInputs:
+    """Encodes and projects cross-attention keys/values once."""
+    encoded = self.encoder(encoder_input_tokens)
+    keys, values = self.decoder.cross_kv(encoded)
+    return EncodedInputs(cross_keys=keys, cross_values=values,
+                         encoder_mask=encoder_input_tokens > 0)
+
+  def decode(self, decoder_input_tokens: Array, start: Array,
+             cache: DecoderCache, encoded: EncodedInputs
+             ) -> Tuple[Array, DecoderCache]:
+    """Scores a chunk of K tokens per row at per-row positions.
+
+    Args:
+      decoder_input_tokens: int [batch, K]; row b's tokens sit at positions
+        start[b] .. start[b] + K - 1.
+      start: int [batch].
+      cache: Cache holding every earlier position of each row. Entries at or
+        after a row's chunk are never attended to (masked by position), so a
+        row rolls back by lowering its start.
+      encoded: From `prepare_decoding`.
+
+    Returns:
+      float32 logits [batch, K, vocab] and the cache with the chunk written.
+    """
+    return self.decoder(decoder_input_tokens, start, cache, encoded)
+
+  def __call__(self, encoder_input_tokens: Array,
+               decoder_input_tokens: Array) -> Array:
+    """Teacher-forced logits: the chunked decoder from position 0."""
+    batch, length = decoder_input_tokens.shape
+    encoded = self.prepare_decoding(encoder_input_tokens)
+    cache = init_cache(self.config, batch, length)
+    start = jnp.zeros((batch,), jnp.int32)
+    logits, _ = self.decode(decoder_input_tokens, start, cache, encoded)
+    return logits

@@ -1,0 +1,359 @@
+"""Speculative decoding (Leviathan, Kalman & Matias, ICML 2023, Algorithm 1).
+
+Each iteration, for every row of the batch:
+  1. The draft proposes gamma tokens d_1..d_g, sampling each from its
+     processed distribution q_i, from its own cache.
+  2. The target scores [last token, d_1..d_g] in ONE decoder call, giving
+     p_1..p_{g+1} (processed with the same temperature/top-k/top-p).
+  3. d_i is accepted while u_i < p_i(d_i) / q_i(d_i); at the first rejection
+     the next token is drawn from norm(max(0, p - q)); if all g are accepted
+     a bonus token is drawn from p_{g+1}.
+Rows advance by their own counts (1..g+1 tokens); rolling back a cache is
+free because positions past a row's length are masked and later overwritten.
+
+The whole call is one jitted function: a `lax.while_loop` over iterations with
+the draft's gamma steps inside it, so no host round trip per token.
+"""
+
+import functools
+from typing import Any, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from spec_decode import sampling as sampling_lib
+from spec_decode import validation
+from spec_decode.decoding import DecodeResult
+from spec_decode.model import init_cache
+from spec_decode.model import Model
+from spec_decode.model.model import decode_chunk
+from spec_decode.model.model import prepare_decoding
+from spec_decode.sampling import SamplingConfig
+
+Array = jax.Array
+
+
+def acceptance_probability(target_probs: Array, draft_probs: Array,
+                           lenience: float = 1.0) -> Array:
+  """min(1, p(x) / (l q(x))): the chance a draft token x is kept.
+
+  Args:
+    target_probs: p, float32 [..., vocab].
+    draft_probs: q, float32 [..., vocab].
+    lenience: l in (0, 1]; 1 is exact.
+
+  Returns:
+    float32 [..., vocab]; 1 where q(x) = 0 (such x is never proposed).
+  """
+  scaled = lenience * draft_probs
+  return jnp.where(scaled > target_probs, target_probs / scaled, 1.0)
+
+
+def residual_distribution(target_probs: Array, draft_probs: Array,
+                          lenience: float = 1.0) -> Array:
+  """norm(max(0, p - l q)): where to sample after a rejection.
+
+  When p and q agree (up to rounding) the residual has no mass; a rejection
+  then has probability ~0 and p itself is returned, so the result is always a
+  distribution. With q = 0 (no draft token to correct) this is p: the bonus
+  token after a fully accepted draft uses the same code.
+
+  Args:
+    target_probs: p, float32 [..., vocab].
+    draft_probs: q, float32 [..., vocab].
+    lenience: l in (0, 1]; 1 is exact.
+
+  Returns:
+    float32 [..., vocab] probabilities summing to 1.
+  """
+  residual = jnp.maximum(target_probs - lenience * draft_probs, 0.0)
+  mass = jnp.sum(residual, axis=-1, keepdims=True)
+  return jnp.where(mass > 1e-7, residual / jnp.maximum(mass, 1e-30),
+                   target_probs)
+
+
+def verify_draft(draft_tokens: Array, draft_probs: Array, target_probs: Array,
+                 uniforms: Array, lenience: float = 1.0) -> Array:
+  """The number of leading draft tokens the rejection rule accepts.
+
+  Args:
+    draft_tokens: int32 [batch, gamma] proposals d_1..d_g.
+    draft_probs: float32 [batch, gamma, vocab] q_1..q_g they were drawn from.
+    target_probs: float32 [batch, gamma + 1, vocab] p_1..p_{g+1}.
+    uniforms: float32 [batch, gamma] u_i ~ U[0, 1).
+    lenience: l in (0, 1]; 1 is exact.
+
+  Returns:
+    int32 [batch] accepted prefix length in [0, gamma].
+  """
+  gamma = draft_tokens.shape[1]
+  pick = lambda probs: jnp.take_along_axis(
+      probs, draft_tokens[..., None], axis=-1)[..., 0]
+  p = pick(target_probs[:, :gamma])  # [batch, gamma]
+  q = pick(draft_probs)  # [batch, gamma]
+  # u < min(1, p / (l q)), written without dividing by q.
+  accepted = uniforms * lenience * q < p
+  return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1),
+                 axis=1).astype(jnp.int32)
+
+
+def correction_distribution(draft_probs: Array, target_probs: Array,
+                            num_accepted: Array, lenience: float = 1.0
+                            ) -> Array:
+  """The distribution of the token emitted after the accepted prefix.
+
+  Args:
+    draft_probs: float32 [batch, gamma, vocab].
+    target_probs: float32 [batch, gamma + 1, vocab].
+    num_accepted: int32 [batch] from `verify_draft`.
+    lenience: l in (0, 1]; 1 is exact.
+
+  Returns:
+    float32 [batch, vocab]: the residual at the first rejected position, or
+    p_{g+1} when all gamma tokens were accepted.
+  """
+  index = num_accepted[:, None, None]
+  p = jnp.take_along_axis(target_probs, index, axis=1)[:, 0]
+  # Padding q with zeros at position g+1 makes the bonus token the residual
+  # of p against nothing, i.e. p itself.
+  padded = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))
+  q = jnp.take_along_axis(padded, index, axis=1)[:, 0]
+  return residual_distribution(p, q, lenience)
+
+
+def overlap_mass(target_probs: Array, draft_probs: Array) -> Array:
+  """beta = sum_x min(p(x), q(x)), the exact acceptance probability."""
+  return jnp.sum(jnp.minimum(target_probs, draft_probs), axis=-1)
+
+
+@flax.struct.dataclass
+class _SpeculativeState:
+  iteration: Array      # [] int32
+  inputs: Array         # [batch, buffer + 1] int32: 0 then emitted tokens
+  logprobs: Array       # [batch, buffer] float32
+  lengths: Array        # [batch] int32 emitted tokens
+  done: Array           # [batch] bool
+  target_cache: Any
+  draft_cache: Any
+  target_calls: Array   # [batch] int32
+  proposed: Array       # [batch] int32
+  accepted: Array       # [batch] int32
+  beta_sum: Array       # [batch] float32
+  beta_count: Array     # [batch] int32
+
+
+def _slice_rows(array: Array, start: Array, size: int) -> Array:
+  """array[b, start[b]:start[b] + size] for every row."""
+  return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size))(
+      array, start)
+
+
+def _write_rows(array: Array, values: Array, start: Array) -> Array:
+  """array[b, start[b]:start[b] + K] = values[b] for every row."""
+  return jax.vmap(
+      lambda row, v, s: jax.lax.dynamic_update_slice_in_dim(row, v, s, 0))(
+          array, values, start)
+
+
+def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
+                     gamma: int, sampling: SamplingConfig):
+  """Runs the draft gamma steps from each row's current length.
+
+  The first step feeds the last two tokens (positions n-1 and n): when the
+  previous iteration accepted all gamma tokens, the draft never saw its own
+  last proposal, and re-writing an already valid slot is harmless.
+
+  Returns:
+    tokens int32 [batch, gamma], probs float32 [batch, gamma, vocab] they
+    were drawn from, and the draft cache.
+  """
+  step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
+  start = jnp.maximum(lengths - 1, 0)
+  logits, cache = decode_chunk(config, params, _slice_rows(inputs, start, 2),
+                               start, cache, encoded)
+  # Position n is chunk index 1, except at n = 0 where it is index 0.
+  logits = jnp.take_along_axis(logits, (lengths - start)[:, None, None],
+                               axis=1)[:, 0]
+  logprobs = sampling_lib.process_logits(logits, sampling)
+  token = sampling_lib.sample_tokens(step_keys[:, 0], logprobs,
+                                     sampling.greedy)
+
+  def step(carry, i):
+    cache, token = carry
+    # Proposal i comes from feeding proposal i - 1 at position n + i.
+    logits, cache = decode_chunk(config, params, token[:, None],
+                                 lengths + i, cache, encoded)
+    logprobs = sampling_lib.process_logits(logits[:, 0], sampling)
+    next_token = sampling_lib.sample_tokens(step_keys[:, i], logprobs,
+                                            sampling.greedy)
+    return (cache, next_token), (next_token, logprobs)
+
+  (cache, _), (tokens, logprobs_rest) = jax.lax.scan(
+      step, (cache, token), jnp.arange(1, gamma, dtype=jnp.int32))
+  # scan stacks along axis 0: [gamma - 1, batch, ...] -> [batch, gamma - 1, ...]
+  tokens = jnp.concatenate([token[:, None], tokens.T], axis=1)
+  logprobs = jnp.concatenate(
+      [logprobs[:, None], jnp.swapaxes(logprobs_rest, 0, 1)], axis=1)
+  return tokens, jnp.exp(logprobs), cache
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 6, 7, 8, 9, 10))
+def _speculative_generate(target_config, draft_config, target_params,
+                          draft_params, encoder_input_tokens, rng,
+                          max_decode_len: int, sampling: SamplingConfig,
+                          eos_id: int, gamma: int, lenience: float
+                          ) -> DecodeResult:
+  batch = encoder_input_tokens.shape[0]
+  # Writes reach position max_decode_len + gamma for a row that stopped at
+  # max_decode_len, so this size keeps every dynamic slice in bounds (XLA
+  # would otherwise clamp it silently).
+  cache_len = max_decode_len + gamma + 2
+  buffer_len = max_decode_len + gamma + 1
+  target_encoded = prepare_decoding(target_config, target_params,
+                                    encoder_input_tokens)
+  draft_encoded = prepare_decoding(draft_config, draft_params,
+                                   encoder_input_tokens)
+  keys = sampling_lib.row_keys(rng, batch)
+  positions = jnp.arange(gamma + 1, dtype=jnp.int32)
+
+  def cond(state):
+    return (state.iteration < max_decode_len) & ~jnp.all(state.done)
+
+  def body(state):
+    n = state.lengths
+    active = ~state.done
+    iteration_keys = sampling_lib.fold_in_rows(keys, state.iteration)
+    split = jax.vmap(lambda k: jax.random.split(k, 3))(iteration_keys)
+    draft_keys, accept_keys, correction_keys = (split[:, 0], split[:, 1],
+                                                split[:, 2])
+
+    draft_tokens, draft_probs, draft_cache = _draft_proposals(
+        draft_config, draft_params, draft_encoded, state.draft_cache,
+        state.inputs, n, draft_keys, gamma, sampling)
+
+    # One target call scores the last token and all gamma proposals.
+    last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
+    target_logits, target_cache = decode_chunk(
+        target_config, target_params,
+        jnp.concatenate([last_token, draft_tokens], axis=1), n,
+        state.target_cache, target_encoded)
+    target_probs = jnp.exp(sampling_lib.process_logits(target_logits,
+                                                       sampling))
+
+    if sampling.greedy:
+      uniforms = jnp.zeros((batch, gamma), jnp.float32)
+    else:
+      uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(
+          accept_keys)
+    num_accepted = verify_draft(draft_tokens, draft_probs, target_probs,
+                                uniforms, lenience)
+    correction = sampling_lib.sample_tokens(
+        correction_keys,
+        jnp.log(correction_distribution(draft_probs, target_probs,
+                                        num_accepted, lenience)),
+        sampling.greedy)
+
+    # [batch, gamma + 1]: accepted drafts, then the correction/bonus token.
+    proposal = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
+    new_tokens = jnp.where(positions < num_accepted[:, None], proposal,
+                           correction[:, None])
+    count = jnp.where(active,
+                      jnp.minimum(num_accepted + 1, max_decode_len - n), 0)
+    is_eos = (new_tokens == eos_id) & (positions < count[:, None])
+    hit_eos = jnp.any(is_eos, axis=1)
+    count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
+    emitted = positions < count[:, None]
+    new_tokens = jnp.where(emitted, new_tokens, 0)
+    new_logprobs = jnp.where(
+        emitted, sampling_lib.token_logprobs(target_logits, new_tokens), 0.0)
+
+    # beta at the positions the rule examined: accepted ones plus the first
+    # rejected one; later positions were conditioned on a rejected prefix.
+    examined = (positions[:gamma] <= num_accepted[:, None]) & active[:, None]
+    beta = overlap_mass(target_probs[:, :gamma], draft_probs)
+    active_int = active.astype(jnp.int32)
+    return _SpeculativeState(
+        iteration=state.iteration + 1,
+        inputs=_write_rows(state.inputs, new_tokens, n + 1),
+        logprobs=_write_rows(state.logprobs, new_logprobs, n),
+        lengths=n + count,
+        done=state.done | hit_eos | (n + count >= max_decode_len),
+        target_cache=target_cache,
+        draft_cache=draft_cache,
+        target_calls=state.target_calls + active_int,
+        proposed=state.proposed + gamma * active_int,
+        accepted=state.accepted + num_accepted * active_int,
+        beta_sum=state.beta_sum + jnp.sum(jnp.where(examined, beta, 0.0),
+                                          axis=1),
+        beta_count=state.beta_count + jnp.sum(examined, axis=1))
+
+  zeros = jnp.zeros((batch,), jnp.int32)
+  state = _SpeculativeState(
+      iteration=jnp.zeros((), jnp.int32),
+      inputs=jnp.zeros((batch, buffer_len + 1), jnp.int32),
+      logprobs=jnp.zeros((batch, buffer_len), jnp.float32),
+      lengths=zeros,
+      done=jnp.zeros((batch,), jnp.bool_),
+      target_cache=init_cache(target_config, batch, cache_len),
+      draft_cache=init_cache(draft_config, batch, cache_len),
+      target_calls=zeros, proposed=zeros, accepted=zeros,
+      beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros)
+  state = jax.lax.while_loop(cond, body, state)
+  return DecodeResult(
+      tokens=state.inputs[:, 1:max_decode_len + 1],
+      lengths=state.lengths,
+      token_logprobs=state.logprobs[:, :max_decode_len],
+      target_calls=state.target_calls,
+      draft_tokens_proposed=state.proposed,
+      draft_tokens_accepted=state.accepted,
+      acceptance_rate=state.accepted / state.proposed,
+      mean_beta=state.beta_sum / state.beta_count,
+      num_iterations=state.iteration)
+
+
+def check_compatible(target: Model, draft: Model) -> None:
+  """Raises ValueError unless the draft can propose tokens for the target."""
+  if not isinstance(draft, Model):
+    raise TypeError(f'draft must be a spec_decode.Model or None, got '
+                    f'{type(draft).__name__}.')
+  if draft.config.vocab_size != target.config.vocab_size:
+    raise ValueError(
+        f'draft has vocab_size {draft.config.vocab_size} but the target has '
+        f'{target.config.vocab_size}; they must share a vocabulary.')
+  if draft.eos_id != target.eos_id:
+    raise ValueError(f'draft has eos_id {draft.eos_id} but the target has '
+                     f'{target.eos_id}; they must share a vocabulary.')
+
+
+def speculative_generate(target: Model, draft: Model,
+                         encoder_input_tokens: Array, *, rng: Array,
+                         max_decode_len: int, sampling: SamplingConfig,
+                         eos_id: int, gamma: int, lenience: float
+                         ) -> DecodeResult:
+  """Speculative decoding; call `spec_decode.generate(..., draft=...)`.
+
+  Args:
+    target: The model whose distribution the output follows.
+    draft: The proposing model.
+    encoder_input_tokens: int32 [batch, enc_len], already validated.
+    rng: `jax.random` key.
+    max_decode_len: Output length.
+    sampling: Applied identically to target and draft logits.
+    eos_id: End-of-sequence id.
+    gamma: Draft tokens per iteration (>= 1).
+    lenience: 1.0 is exact; (0, 1) is the lossy mode of appendix A.5.
+
+  Returns:
+    A `DecodeResult` with acceptance statistics.
+  """
+  check_compatible(target, draft)
+  gamma = validation.check_int('gamma', gamma, 1)
+  lenience = validation.check_float('lenience', lenience)
+  if not 0.0 < lenience <= 1.0:
+    raise ValueError(f'lenience must be in (0, 1] (1 is exact), got '
+                     f'{lenience}.')
+  return _speculative_generate(target.config, draft.config, target.params,
+                               draft.params, encoder_input_tokens, rng,
+                               max_decode_len, sampling, eos_id, gamma,
+                               lenience)
