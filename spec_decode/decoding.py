@@ -73,7 +73,7 @@ class _BaselineState:
   cache: Any
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5, 6))
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
 def baseline_generate(config, params, encoder_input_tokens, rng,
                       max_decode_len, sampling, eos_id) -> DecodeResult:
   """Jitted baseline decoding; call `spec_decode.generate` instead.
@@ -85,7 +85,7 @@ def baseline_generate(config, params, encoder_input_tokens, rng,
     rng: `jax.random` key.
     max_decode_len: Output length (static).
     sampling: A `SamplingConfig` (static).
-    eos_id: End-of-sequence id (static).
+    eos_id: End-of-sequence id (traced: changing it does not recompile).
 
   Returns:
     A `DecodeResult`.

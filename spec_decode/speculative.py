@@ -92,8 +92,7 @@ def verify_draft(draft_tokens: Array, draft_probs: Array, target_probs: Array,
       probs, draft_tokens[..., None], axis=-1)[..., 0]
   p = pick(target_probs[:, :gamma])  # [batch, gamma]
   q = pick(draft_probs)  # [batch, gamma]
-  # u < min(1, p / (l q)), written without dividing by q.
-  accepted = uniforms * lenience * q < p
+  accepted = uniforms < acceptance_probability(p, q, lenience)
   return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1),
                  axis=1).astype(jnp.int32)
 
@@ -198,7 +197,7 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
   return tokens, jnp.exp(logprobs), cache
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 6, 7, 8, 9, 10))
+@functools.partial(jax.jit, static_argnums=(0, 1, 6, 7, 9, 10))
 def _speculative_generate(target_config, draft_config, target_params,
                           draft_params, encoder_input_tokens, rng,
                           max_decode_len: int, sampling: SamplingConfig,

@@ -1,0 +1,99 @@
+"""Shared test helpers: fixture paths, tiny models, statistics."""
+
+import functools
+import os
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+import spec_decode as sd
+
+# ../shared/fixtures relative to the project root: ground truth computed by
+# T5X itself. Tests skip only when the whole folder is absent.
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), '..', 'shared', 'fixtures')
+T5X_TINY = os.path.join(FIXTURES, 't5x_tiny')
+T5X_TINY_PERTURBED = os.path.join(FIXTURES, 't5x_tiny_perturbed')
+
+# Statistical tests reject at this false-alarm rate (each is seeded, so a
+# given checkout either always passes or always fails).
+FALSE_ALARM_RATE = 1e-3
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'slow: statistical or end-to-end tests; run with -m slow')
+
+
+requires_fixtures = pytest.mark.skipif(
+    not os.path.isdir(FIXTURES),
+    reason='../shared/fixtures (T5X ground truth) is not present')
+
+
+def tiny_config(**overrides) -> sd.T5Config:
+  """The T5X test model's shape, in float32."""
+  return sd.t5_config('t5_1_1_tiny', dtype='float32', **overrides)
+
+
+@functools.lru_cache(maxsize=None)
+def t5x_model(name: str) -> sd.Model:
+  """A T5X fixture model: 't5x_tiny' (msgpack) or 't5x_tiny_perturbed'."""
+  path = {'t5x_tiny': os.path.join(T5X_TINY, 'checkpoint_0'),
+          't5x_tiny_perturbed': os.path.join(T5X_TINY_PERTURBED,
+                                             'checkpoint_1')}[name]
+  config = tiny_config()
+  return sd.Model(config, sd.load_t5x_checkpoint(path, config))
+
+
+@functools.lru_cache(maxsize=None)
+def golden(name: str):
+  folder = {'t5x_tiny': T5X_TINY, 't5x_tiny_perturbed': T5X_TINY_PERTURBED}
+  return dict(np.load(os.path.join(folder[name], 'golden.npz')))
+
+
+@functools.lru_cache(maxsize=None)
+def random_model(seed: int = 0, **overrides) -> sd.Model:
+  """A random-weight float32 model; small by default."""
+  fields = dict(vocab_size=512, emb_dim=32, num_heads=4, head_dim=8,
+                mlp_dim=64, num_encoder_layers=2, num_decoder_layers=2,
+                dtype='float32')
+  fields.update(overrides)
+  config = sd.T5Config(**fields)
+  return sd.Model(config, sd.init_params(config, jax.random.PRNGKey(seed)))
+
+
+def perturbed(model: sd.Model, scale: float, seed: int) -> sd.Model:
+  """`model` with Gaussian noise of relative size `scale` on every weight."""
+  leaves, treedef = jax.tree_util.tree_flatten(model.params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  noisy = [np.asarray(x) + scale * np.std(np.asarray(x)) * np.asarray(
+      jax.random.normal(k, np.shape(x))) for x, k in zip(leaves, keys)]
+  return sd.Model(model.config, jax.tree_util.tree_unflatten(treedef, noisy),
+                  eos_id=model.eos_id)
+
+
+def random_inputs(batch: int, length: int, vocab: int, seed: int,
+                  min_length: int = 1) -> np.ndarray:
+  """0-padded encoder inputs of different lengths per row."""
+  rng = np.random.RandomState(seed)
+  tokens = rng.randint(2, vocab, size=(batch, length)).astype(np.int32)
+  lengths = rng.randint(min_length, length + 1, size=batch)
+  tokens[np.arange(length)[None, :] >= lengths[:, None]] = 0
+  return tokens
+
+
+def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+  """Pearson chi-square p-value, pooling outcomes expected < 5 times."""
+  counts = np.asarray(counts, np.float64)
+  expected = np.asarray(probs, np.float64) * counts.sum()
+  assert np.all(counts[expected == 0] == 0), (
+      'an outcome of probability 0 was sampled')
+  small = expected < 5
+  observed = np.append(counts[~small], counts[small].sum())
+  expected = np.append(expected[~small], expected[small].sum())
+  keep = expected > 0
+  observed, expected = observed[keep], expected[keep]
+  expected *= observed.sum() / expected.sum()  # float rounding only
+  return float(stats.chisquare(observed, expected).pvalue)
