@@ -1,0 +1,27 @@
+r"""Trains a model with a gin config (resumes from --gin.TrainConfig.model_dir).
+
+  python scripts/train.py --gin_file=configs/train/target.gin
+  python scripts/train.py --gin_file=configs/train/target.gin \
+      --gin.TrainConfig.num_steps=100 --gin.TrainConfig.model_dir="'/tmp/t'"
+"""
+
+from absl import flags
+import gin
+
+from spec_decode import gin_utils
+from spec_decode import train
+
+FLAGS = flags.FLAGS
+gin_utils.define_gin_flags()
+
+
+def main(argv):
+  del argv
+  gin_utils.parse_gin_flags()
+  config = gin_utils.build(train.TrainConfig)
+  print(gin.config_str(), flush=True)
+  train.train(config)
+
+
+if __name__ == '__main__':
+  gin_utils.run(main)
