@@ -39,6 +39,8 @@ class DecodeResult:
     mean_beta: float32 [batch] mean of beta = sum_x min(p(x), q(x)) over the
       verified positions: the paper's Corollary 3.6 estimate of alpha (NaN
       for baseline).
+    verified_positions: int32 [batch] positions beta was averaged over (the
+      accepted draft tokens plus each first rejected one).
     num_iterations: int32 [] loop iterations the whole batch ran.
   """
   tokens: Array
@@ -49,6 +51,7 @@ class DecodeResult:
   draft_tokens_accepted: Array
   acceptance_rate: Array
   mean_beta: Array
+  verified_positions: Array
   num_iterations: Array
 
   @property
@@ -133,4 +136,5 @@ def baseline_generate(config, params, encoder_input_tokens, rng,
       tokens=state.tokens, lengths=state.lengths,
       token_logprobs=state.logprobs, target_calls=state.lengths,
       draft_tokens_proposed=zeros, draft_tokens_accepted=zeros,
-      acceptance_rate=nan, mean_beta=nan, num_iterations=state.step)
+      acceptance_rate=nan, mean_beta=nan, verified_positions=zeros,
+      num_iterations=state.step)

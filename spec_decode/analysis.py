@@ -1,0 +1,193 @@
+"""The paper's analysis (Leviathan et al. 2023, Section 3) and measurements.
+
+alpha is the expected acceptance rate, gamma the number of draft tokens per
+iteration, c the cost of one draft step relative to one target step, and
+c_hat the draft's arithmetic operations per token relative to the target's.
+The paper assumes scoring gamma + 1 tokens costs the target as much as one
+step (true when decoding is memory-bound on an accelerator); `verify_cost`
+below relaxes that for machines where it does not hold, such as CPUs.
+"""
+
+import functools
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import benchmark
+from spec_decode.decoding import DecodeResult
+from spec_decode.model import init_cache
+from spec_decode.model import Model
+from spec_decode.model.model import decode_chunk
+from spec_decode.model.model import prepare_decoding
+
+
+def _check_alpha(alpha):
+  alpha = np.asarray(alpha, np.float64)
+  if np.any((alpha < 0) | (alpha > 1)):
+    raise ValueError(f'alpha must be in [0, 1], got {alpha}.')
+  return alpha
+
+
+def _check_gamma(gamma):
+  gamma = np.asarray(gamma)
+  if np.any(gamma < 0) or not np.all(np.equal(np.mod(gamma, 1), 0)):
+    raise ValueError(f'gamma must be a non-negative integer, got {gamma}.')
+  return gamma.astype(np.float64)
+
+
+def expected_tokens(alpha, gamma):
+  """E[tokens per iteration] = (1 - alpha^(gamma+1)) / (1 - alpha) (Eq. 1).
+
+  Args:
+    alpha: Acceptance rate in [0, 1] (scalar or array).
+    gamma: Draft tokens per iteration.
+
+  Returns:
+    The expected number of tokens each target call produces (gamma + 1 at
+    alpha = 1).
+  """
+  alpha, gamma = _check_alpha(alpha), _check_gamma(gamma)
+  with np.errstate(divide='ignore', invalid='ignore'):
+    value = (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+  return np.where(alpha == 1.0, gamma + 1.0, value)[()]
+
+
+def walltime_improvement(alpha, gamma, c, verify_cost=1.0):
+  """Expected speedup over baseline decoding (Theorem 3.8).
+
+  Args:
+    alpha: Acceptance rate.
+    gamma: Draft tokens per iteration.
+    c: Draft step time over target step time.
+    verify_cost: Time of one target call on gamma + 1 tokens over one
+      single-token step; 1 in the paper.
+
+  Returns:
+    (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + verify_cost)).
+  """
+  return expected_tokens(alpha, gamma) / (
+      _check_gamma(gamma) * np.asarray(c, np.float64) + verify_cost)
+
+
+def optimal_gamma(alpha: float, c: float, max_gamma: int = 32,
+                  verify_cost=None) -> int:
+  """The gamma in [1, max_gamma] with the largest walltime improvement.
+
+  Args:
+    alpha: Acceptance rate.
+    c: Cost coefficient.
+    max_gamma: Largest gamma considered.
+    verify_cost: None for the paper's model, or a function gamma -> cost of
+      verifying gamma + 1 tokens (relative to one step).
+
+  Returns:
+    The best gamma (ties go to the smaller one).
+  """
+  gammas = np.arange(1, max_gamma + 1)
+  costs = (np.ones_like(gammas, dtype=np.float64) if verify_cost is None
+           else np.array([verify_cost(g) for g in gammas], np.float64))
+  values = walltime_improvement(alpha, gammas, c, costs)
+  return int(gammas[int(np.argmax(values))])
+
+
+def ops_factor(alpha, gamma, c_hat):
+  """Factor by which arithmetic operations grow (Theorem 3.11).
+
+  Returns:
+    (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)).
+  """
+  return (_check_gamma(gamma) * np.asarray(c_hat, np.float64)
+          + _check_gamma(gamma) + 1.0) / expected_tokens(alpha, gamma)
+
+
+def empirical_alpha(result: DecodeResult) -> float:
+  """Accepted / proposed draft tokens, pooled over the batch."""
+  proposed = float(np.sum(result.draft_tokens_proposed))
+  return float(np.sum(result.draft_tokens_accepted)) / proposed if proposed \
+      else float('nan')
+
+
+def corollary_alpha(result: DecodeResult) -> float:
+  """Mean beta over every verified position (Corollary 3.6), pooled."""
+  counts = np.asarray(result.verified_positions, np.float64)
+  beta = np.asarray(result.mean_beta, np.float64)
+  valid = counts > 0
+  if not valid.any():
+    return float('nan')
+  return float(np.average(beta[valid], weights=counts[valid]))
+
+
+@functools.lru_cache(maxsize=None)
+def _step_function(config, chunk_len: int):
+  @jax.jit
+  def step(params, tokens, start, cache, encoded):
+    return decode_chunk(config, params, tokens, start, cache, encoded)
+  del chunk_len
+  return step
+
+
+def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
+                         chunk_len: int = 1, repeats: int = 20,
+                         position: int = 8) -> float:
+  """Median time of one decoder call scoring `chunk_len` tokens per row."""
+  enc = jnp.asarray(encoder_input_tokens, jnp.int32)
+  batch = enc.shape[0]
+  config = model.config
+  encoded = jax.jit(functools.partial(prepare_decoding, config))(
+      model.params, enc)
+  cache = init_cache(config, batch, position + chunk_len + 8)
+  step = _step_function(config, chunk_len)
+  tokens = jnp.ones((batch, chunk_len), jnp.int32)
+  start = jnp.full((batch,), position, jnp.int32)
+  call = lambda: step(model.params, tokens, start, cache, encoded)
+  return benchmark.median(benchmark.interleaved_timings(
+      {'step': call}, repeats, warmup=2)['step'])
+
+
+def measure_costs(target: Model, draft: Model, encoder_input_tokens: Any,
+                  gamma: int, repeats: int = 20) -> Dict[str, float]:
+  """Measures c and the verification cost on this machine.
+
+  Returns:
+    `c`: draft step / target step (one token each); `verify_cost`: target
+    call on gamma + 1 tokens / target step; and the raw seconds.
+  """
+  target_step = decoder_step_seconds(target, encoder_input_tokens, 1,
+                                     repeats)
+  draft_step = decoder_step_seconds(draft, encoder_input_tokens, 1, repeats)
+  verify = decoder_step_seconds(target, encoder_input_tokens, gamma + 1,
+                                repeats)
+  return {'c': draft_step / target_step, 'verify_cost': verify / target_step,
+          'target_step_seconds': target_step,
+          'draft_step_seconds': draft_step,
+          'target_verify_seconds': verify}
+
+
+def parameter_count(model: Model, decoder_only: bool = False) -> int:
+  params = model.params['decoder'] if decoder_only else model.params
+  return int(sum(np.prod(np.shape(x))
+                 for x in jax.tree_util.tree_leaves(params)))
+
+
+def c_hat(target: Model, draft: Model) -> float:
+  """Arithmetic-operations ratio per token, from decoder parameter counts."""
+  return parameter_count(draft, True) / parameter_count(target, True)
+
+
+def predicted_speedup(alpha: float, gamma: int, costs: Dict[str, float],
+                      include_verify_cost: bool = True) -> float:
+  """Theorem 3.8 with measured c (and, optionally, verification cost)."""
+  verify = costs['verify_cost'] if include_verify_cost else 1.0
+  return float(walltime_improvement(alpha, gamma, costs['c'], verify))
+
+
+def summarize_result(result: DecodeResult) -> Dict[str, Optional[float]]:
+  """Acceptance figures of one speculative `DecodeResult`."""
+  lengths = np.asarray(result.lengths, np.float64)
+  calls = np.asarray(result.target_calls, np.float64)
+  return {'alpha': empirical_alpha(result),
+          'alpha_beta': corollary_alpha(result),
+          'tokens_per_target_call': float(lengths.sum() / max(calls.sum(),
+                                                               1))}

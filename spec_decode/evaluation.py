@@ -1,0 +1,35 @@
+"""Text in, text out: encoding task inputs, decoding outputs, scoring them."""
+
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from spec_decode.data import tasks
+
+
+def encode_inputs(vocabulary, task: str, sources: Sequence[str],
+                  length: int) -> np.ndarray:
+  """int32 [len(sources), length]: prefixed, tokenized, EOS, 0-padded.
+
+  Inputs longer than `length` are truncated and keep their EOS, as in
+  training.
+  """
+  rows = []
+  for source in sources:
+    ids = vocabulary.encode(tasks.model_input(task, source))
+    rows.append(ids[:length - 1] + [vocabulary.eos_id])
+  return tasks.pad_batch(rows, length)
+
+
+def decode_outputs(vocabulary, tokens: np.ndarray) -> List[str]:
+  """Texts of output rows (stopping at EOS)."""
+  return [vocabulary.decode(row) for row in np.asarray(tokens)]
+
+
+def translation_scores(hypotheses: Sequence[str],
+                       references: Sequence[str]) -> Dict[str, float]:
+  """Corpus chrF and BLEU (sacrebleu, from the `[data]`/`[test]` extras)."""
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+  refs = [list(references)]
+  return {'chrf': float(sacrebleu.corpus_chrf(list(hypotheses), refs).score),
+          'bleu': float(sacrebleu.corpus_bleu(list(hypotheses), refs).score)}

@@ -1,0 +1,236 @@
+r"""The main job: baseline vs speculative decoding with the shipped models.
+
+  python -m spec_decode.main                       # the embedded default
+  python -m spec_decode.main --gin_file=configs/runs/main.gin \
+      --gin.main.MainConfig.gamma=5 --output_dir=/tmp/out
+
+Decodes held-out test examples of both tasks at batch 1, greedy and at
+temperature 1, with baseline decoding and with speculative decoding
+(interleaved, after compilation), then prints a few examples, whether greedy
+outputs are identical, the measured alpha, tokens per target call, per-token
+latency, the measured speedup and the speedup the paper's formula predicts
+from the measured alpha and cost coefficient c. The same figures are written
+as JSON into the output folder.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import flags
+import jax
+import numpy as np
+
+from spec_decode import analysis
+from spec_decode import benchmark
+from spec_decode import evaluation
+from spec_decode import generation
+from spec_decode import gin_utils
+from spec_decode import pretrained
+from spec_decode.data import tasks
+
+
+@dataclasses.dataclass
+class MainConfig:
+  """What the main job runs (bind from gin as `main.MainConfig.X`).
+
+  Attributes:
+    target: Shipped target model name.
+    draft: Shipped draft model name.
+    tasks: Tasks to decode.
+    num_examples: Test examples per task (batch 1 each).
+    temperatures: Sampling temperatures; 0 is greedy.
+    gamma: Draft tokens per iteration.
+    max_decode_len: Output length limit.
+    input_length: Encoder inputs are truncated and padded to this length.
+    data_dir: Folder from scripts/prepare_data.py; None uses the committed
+      test samples.
+    show_examples: Examples printed as text per task.
+    seed: Sampling seed.
+  """
+  target: str = 't5_local_target'
+  draft: str = 't5_local_draft_small'
+  tasks: Tuple[str, ...] = ('translate_en_de', 'summarize')
+  num_examples: int = 16
+  temperatures: Tuple[float, ...] = (0.0, 1.0)
+  gamma: int = 5
+  max_decode_len: int = 48
+  input_length: int = 64
+  data_dir: Optional[str] = None
+  show_examples: int = 3
+  seed: int = 0
+
+
+def _log(message: str) -> None:
+  print(f'[{time.strftime("%H:%M:%S")}] {message}', flush=True)
+
+
+def decode_pair(target, draft, enc: np.ndarray, temperature: float,
+                gamma: int, max_decode_len: int, rng) -> Dict[str, object]:
+  """Times baseline and speculative decoding of one batch, interleaved."""
+  common = dict(max_decode_len=max_decode_len, temperature=temperature,
+                rng=rng)
+  results = {}
+
+  def baseline():
+    results['baseline'] = generation.generate(target, enc, **common)
+    return results['baseline'].tokens
+
+  def speculative():
+    results['speculative'] = generation.generate(target, enc, draft=draft,
+                                                 gamma=gamma, **common)
+    return results['speculative'].tokens
+
+  timings = benchmark.interleaved_timings(
+      {'baseline': baseline, 'speculative': speculative}, repeats=1,
+      warmup=0)
+  return {'timings': {k: v[0] for k, v in timings.items()}, **results}
+
+
+def run_task(config: MainConfig, target, draft, vocabulary, task: str,
+             temperature: float, costs: Dict[str, float]) -> Dict[str, object]:
+  """Decodes the task's examples one by one; returns its figures."""
+  pairs = tasks.load_pairs(task, 'test', config.data_dir)[:config.num_examples]
+  sources = [source for source, _ in pairs]
+  enc = evaluation.encode_inputs(vocabulary, task, sources,
+                                 config.input_length)
+  rng = jax.random.PRNGKey(config.seed)
+  # Compile both decoders once before timing anything.
+  decode_pair(target, draft, enc[:1], temperature, config.gamma,
+              config.max_decode_len, rng)
+  seconds = {'baseline': 0.0, 'speculative': 0.0}
+  tokens = {'baseline': 0, 'speculative': 0}
+  accepted = proposed = calls = 0
+  beta_weighted = verified = 0.0
+  identical, shown = [], []
+  for index in range(len(pairs)):
+    out = decode_pair(target, draft, enc[index:index + 1], temperature,
+                      config.gamma, config.max_decode_len,
+                      jax.random.fold_in(rng, index))
+    base, spec = out['baseline'], out['speculative']
+    for name, result in (('baseline', base), ('speculative', spec)):
+      seconds[name] += out['timings'][name]
+      tokens[name] += int(np.sum(result.lengths))
+    accepted += int(np.sum(spec.draft_tokens_accepted))
+    proposed += int(np.sum(spec.draft_tokens_proposed))
+    calls += int(np.sum(spec.target_calls))
+    verified += float(np.sum(spec.verified_positions))
+    beta_weighted += float(np.nansum(np.asarray(spec.mean_beta)
+                                     * np.asarray(spec.verified_positions)))
+    identical.append(bool(np.array_equal(np.asarray(base.tokens),
+                                         np.asarray(spec.tokens))))
+    if index < config.show_examples:
+      shown.append({
+          'input': sources[index], 'reference': pairs[index][1],
+          'baseline': evaluation.decode_outputs(vocabulary, base.tokens)[0],
+          'speculative': evaluation.decode_outputs(vocabulary,
+                                                   spec.tokens)[0]})
+  latency = {k: seconds[k] / max(tokens[k], 1) for k in seconds}
+  alpha = accepted / max(proposed, 1)
+  figures = {
+      'task': task, 'temperature': temperature, 'gamma': config.gamma,
+      'examples': len(pairs),
+      'greedy_identical': all(identical) if temperature == 0 else None,
+      'identical_rows': int(sum(identical)),
+      'alpha': alpha,
+      'alpha_beta': beta_weighted / max(verified, 1.0),
+      'tokens_per_target_call': tokens['speculative'] / max(calls, 1),
+      'baseline_ms_per_token': 1e3 * latency['baseline'],
+      'speculative_ms_per_token': 1e3 * latency['speculative'],
+      'speedup': latency['baseline'] / latency['speculative'],
+      'predicted_speedup': analysis.predicted_speedup(
+          alpha, config.gamma, costs, include_verify_cost=False),
+      'predicted_speedup_with_verify_cost': analysis.predicted_speedup(
+          alpha, config.gamma, costs, include_verify_cost=True),
+      'examples_shown': shown,
+  }
+  return figures
+
+
+def format_table(rows: Sequence[Dict[str, object]]) -> str:
+  header = ('task', 'T', 'greedy=', 'alpha', 'beta', 'tok/call', 'base ms',
+            'spec ms', 'speedup', 'pred', 'pred+v')
+  lines = ['  '.join(f'{h:>9}' for h in header)]
+  for row in rows:
+    same = row['greedy_identical']
+    cells = (row['task'][:9], f"{row['temperature']:.1f}",
+             '-' if same is None else ('yes' if same else 'NO'),
+             f"{row['alpha']:.3f}", f"{row['alpha_beta']:.3f}",
+             f"{row['tokens_per_target_call']:.2f}",
+             f"{row['baseline_ms_per_token']:.2f}",
+             f"{row['speculative_ms_per_token']:.2f}",
+             f"{row['speedup']:.2f}x", f"{row['predicted_speedup']:.2f}x",
+             f"{row['predicted_speedup_with_verify_cost']:.2f}x")
+    lines.append('  '.join(f'{c:>9}' for c in cells))
+  return '\n'.join(lines)
+
+
+def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
+  """Runs the main job; returns (and writes) its figures."""
+  start = time.time()
+  _log(f'loading {config.target} and {config.draft}')
+  target = pretrained.load(config.target)
+  draft = pretrained.load(config.draft)
+  vocabulary = pretrained.vocabulary()
+  _log(f'target: {target}')
+  _log(f'draft:  {draft}')
+  probe = evaluation.encode_inputs(
+      vocabulary, config.tasks[0],
+      [tasks.load_pairs(config.tasks[0], 'test', config.data_dir)[0][0]],
+      config.input_length)
+  costs = analysis.measure_costs(target, draft, probe, config.gamma)
+  _log(f"c = {costs['c']:.4f} (draft step {1e3 * costs['draft_step_seconds']:.2f}"
+       f" ms, target step {1e3 * costs['target_step_seconds']:.2f} ms); "
+       f"scoring {config.gamma + 1} tokens costs {costs['verify_cost']:.2f} "
+       'target steps')
+  rows = []
+  for task in config.tasks:
+    for temperature in config.temperatures:
+      _log(f'{task}, temperature {temperature}: decoding '
+           f'{config.num_examples} examples at batch 1')
+      rows.append(run_task(config, target, draft, vocabulary, task,
+                           temperature, costs))
+  print()
+  for row in rows:
+    if row['temperature'] == 0:
+      print(f"== {row['task']} (greedy) ==")
+      for example in row['examples_shown']:
+        print(f"  input:       {example['input'][:200]}")
+        print(f"  reference:   {example['reference'][:200]}")
+        print(f"  baseline:    {example['baseline']}")
+        print(f"  speculative: {example['speculative']}")
+        print()
+  print(format_table(rows))
+  print('\npred: Theorem 3.8 from measured alpha and c; pred+v: the same with '
+        'the measured cost of scoring gamma+1 tokens in one target call.')
+  report = {'config': dataclasses.asdict(config), 'costs': costs,
+            'device': jax.devices()[0].device_kind,
+            'seconds': time.time() - start, 'rows': rows}
+  os.makedirs(output_dir, exist_ok=True)
+  path = os.path.join(output_dir, 'main.json')
+  with open(path, 'w') as f:
+    json.dump(report, f, indent=1)
+  _log(f'wrote {path} ({time.time() - start:.0f} s in all)')
+  return report
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('output_dir', None,
+                    'Where to write main.json (default: output/main-<time>).')
+
+
+def main(argv: List[str]) -> None:
+  del argv
+  gin_utils.parse_gin_flags()
+  config = gin_utils.build(MainConfig)
+  output_dir = FLAGS.output_dir or os.path.join(
+      'output', 'main-' + datetime.datetime.now().strftime('%Y%m%d-%H%M%S'))
+  run(config, output_dir)
+
+
+if __name__ == '__main__':
+  gin_utils.define_gin_flags()
+  gin_utils.run(main)

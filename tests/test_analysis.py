@@ -1,0 +1,61 @@
+"""The paper's formulas reproduce its tables; measurements are sane."""
+
+import numpy as np
+import pytest
+
+from spec_decode import analysis
+
+# Leviathan et al. 2023, Table 1 (c = c_hat = 0): alpha, gamma, ops, speed.
+PAPER_TABLE_1 = [
+    (0.6, 2, 1.53, 1.96),
+    (0.7, 3, 1.58, 2.53),
+    (0.8, 2, 1.23, 2.44),
+    (0.8, 5, 1.63, 3.69),
+    (0.9, 2, 1.11, 2.71),
+    (0.9, 10, 1.60, 6.86),
+]
+
+
+@pytest.mark.parametrize('alpha, gamma, ops, speed', PAPER_TABLE_1)
+def test_table_1(alpha, gamma, ops, speed):
+  assert round(float(analysis.walltime_improvement(alpha, gamma, 0.0)),
+               2) == speed
+  assert round(float(analysis.ops_factor(alpha, gamma, 0.0)), 2) == ops
+
+
+def test_expected_tokens():
+  assert analysis.expected_tokens(0.0, 5) == 1.0
+  assert analysis.expected_tokens(1.0, 5) == 6.0
+  np.testing.assert_allclose(analysis.expected_tokens(0.5, 1), 1.5)
+  np.testing.assert_allclose(
+      analysis.expected_tokens(np.array([0.5, 0.8]), 3),
+      [(1 - 0.5**4) / 0.5, (1 - 0.8**4) / 0.2])
+
+
+def test_walltime_improvement_theorem_3_8():
+  # EnDe, T5-small draft, greedy (Table 2): alpha .75, gamma 7, c .02.
+  value = analysis.walltime_improvement(0.75, 7, 0.02)
+  assert value == pytest.approx((1 - 0.75**8) / (0.25 * 1.14))
+  # A verification that costs as much as two steps halves the gain.
+  assert analysis.walltime_improvement(0.75, 7, 0.0, verify_cost=2.0) == \
+      pytest.approx(analysis.expected_tokens(0.75, 7) / 2)
+
+
+def test_optimal_gamma():
+  # Larger alpha or cheaper drafts favour longer drafts.
+  assert analysis.optimal_gamma(0.9, 0.01) > analysis.optimal_gamma(0.6, 0.01)
+  assert analysis.optimal_gamma(0.8, 0.01) > analysis.optimal_gamma(0.8, 0.2)
+  for alpha, c in [(0.7, 0.05), (0.8, 0.02), (0.5, 0.1)]:
+    best = analysis.optimal_gamma(alpha, c)
+    values = [analysis.walltime_improvement(alpha, g, c) for g in range(1, 33)]
+    assert best == int(np.argmax(values)) + 1
+  assert analysis.optimal_gamma(0.99, 0.0, max_gamma=32) == 32
+  # An expensive verification favours longer drafts still.
+  assert analysis.optimal_gamma(0.8, 0.02, verify_cost=lambda g: 1 + g) >= 1
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match='alpha must be in'):
+    analysis.expected_tokens(1.5, 3)
+  with pytest.raises(ValueError, match='gamma must be a non-negative integer'):
+    analysis.expected_tokens(0.5, 2.5)
