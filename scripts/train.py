@@ -17,7 +17,7 @@ gin_utils.define_gin_flags()
 
 def main(argv):
   del argv
-  gin_utils.parse_gin_flags()
+  gin_utils.parse_gin_flags(modules=['train'])
   config = gin_utils.build(train.TrainConfig)
   print(gin.config_str(), flush=True)
   train.train(config)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import benchmark
+from spec_decode import compile as compile_lib
 from spec_decode.decoding import DecodeResult
 from spec_decode.model import init_cache
 from spec_decode.model import Model
@@ -120,12 +121,12 @@ def corollary_alpha(result: DecodeResult) -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def _step_function(config, chunk_len: int):
-  @jax.jit
-  def step(params, tokens, start, cache, encoded):
-    return decode_chunk(config, params, tokens, start, cache, encoded)
-  del chunk_len
-  return step
+def _step_function(config):
+  # Compiled like the decoders, so c and the verification cost are those
+  # `generate` pays.
+  return compile_lib.decoder_jit(
+      lambda params, tokens, start, cache, encoded: decode_chunk(
+          config, params, tokens, start, cache, encoded))
 
 
 def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
@@ -138,7 +139,7 @@ def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
   encoded = jax.jit(functools.partial(prepare_decoding, config))(
       model.params, enc)
   cache = init_cache(config, batch, position + chunk_len + 8)
-  step = _step_function(config, chunk_len)
+  step = _step_function(config)
   tokens = jnp.ones((batch, chunk_len), jnp.int32)
   start = jnp.full((batch,), position, jnp.int32)
   call = lambda: step(model.params, tokens, start, cache, encoded)

@@ -13,6 +13,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from spec_decode import compile as compile_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode.model import init_cache
 from spec_decode.model.model import decode_chunk
@@ -76,7 +77,7 @@ class _BaselineState:
   cache: Any
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+@functools.partial(compile_lib.decoder_jit, static_argnums=(0, 4, 5))
 def baseline_generate(config, params, encoder_input_tokens, rng,
                       max_decode_len, sampling, eos_id) -> DecodeResult:
   """Jitted baseline decoding; call `spec_decode.generate` instead.

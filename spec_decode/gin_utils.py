@@ -57,13 +57,26 @@ def rewrite_gin_args(args: Sequence[str]) -> List[str]:
   return rewritten
 
 
-def parse_gin_flags(extra_files: Sequence[str] = (),
+def parse_gin_flags(modules: Sequence[str] = (),
+                    extra_files: Sequence[str] = (),
                     extra_bindings: Sequence[str] = ()) -> None:
-  """Parses --gin_file and --gin_bindings (configs/ is on the search path)."""
+  """Parses --gin_file and --gin_bindings (configs/ is on the search path).
+
+  Args:
+    modules: `spec_decode` submodules to register for bindings given on the
+      command line alone (e.g. 'main' makes `--gin.main.MainConfig.X=V`
+      work without a gin file).
+    extra_files: gin files parsed before --gin_file.
+    extra_bindings: Bindings parsed before --gin_bindings.
+  """
   gin.add_config_file_search_path(CONFIGS_DIR)
   gin.add_config_file_search_path(os.getcwd())
   files = list(extra_files) + list(flags.FLAGS.gin_file)
-  bindings = list(extra_bindings) + list(flags.FLAGS.gin_bindings)
+  preamble = ''.join(f'from spec_decode import {m}\n' for m in modules)
+  if preamble:
+    preamble = 'from __gin__ import dynamic_registration\n' + preamble
+  bindings = ([preamble] if preamble else []) + list(extra_bindings) + list(
+      flags.FLAGS.gin_bindings)
   gin.parse_config_files_and_bindings(files, bindings,
                                       finalize_config=False)
 

@@ -217,20 +217,24 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
   return report
 
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string('output_dir', None,
-                    'Where to write main.json (default: output/main-<time>).')
-
-
 def main(argv: List[str]) -> None:
   del argv
-  gin_utils.parse_gin_flags()
+  gin_utils.parse_gin_flags(modules=['main'])
   config = gin_utils.build(MainConfig)
-  output_dir = FLAGS.output_dir or os.path.join(
+  output_dir = flags.FLAGS.output_dir or os.path.join(
       'output', 'main-' + datetime.datetime.now().strftime('%Y%m%d-%H%M%S'))
   run(config, output_dir)
 
 
-if __name__ == '__main__':
+def cli() -> None:
+  """`python -m spec_decode.main`: flags, gin, run."""
+  flags.DEFINE_string('output_dir', None, 'Where to write main.json '
+                      '(default: output/main-<time>).')
   gin_utils.define_gin_flags()
   gin_utils.run(main)
+
+
+if __name__ == '__main__':
+  # gin binds `spec_decode.main.MainConfig`, not this `__main__` copy.
+  from spec_decode import main as _importable  # pylint: disable=g-import-not-at-top
+  _importable.cli()

@@ -22,6 +22,7 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from spec_decode import compile as compile_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode import validation
 from spec_decode.decoding import DecodeResult
@@ -197,7 +198,8 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
   return tokens, jnp.exp(logprobs), cache
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 6, 7, 9, 10))
+@functools.partial(compile_lib.decoder_jit,
+                   static_argnums=(0, 1, 6, 7, 9, 10))
 def _speculative_generate(target_config, draft_config, target_params,
                           draft_params, encoder_input_tokens, rng,
                           max_decode_len: int, sampling: SamplingConfig,

@@ -214,10 +214,13 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
                           dtype: Any, float32_logits: bool) -> Array:
   """Softmax attention without 1/sqrt(d) scaling (T5 folds it into init).
 
+  Keys and values come in the layouts the two matmuls read directly (as in
+  T5X's decoder cache), so a decoder step never transposes its cache.
+
   Args:
     query: [batch, q_len, heads, head_dim].
-    key: [batch, k_len, heads, head_dim].
-    value: [batch, k_len, heads, head_dim].
+    key: [batch, heads, head_dim, k_len].
+    value: [batch, heads, k_len, head_dim].
     bias: broadcastable to [batch, heads, q_len, k_len]; masks and positions.
     dtype: Activation dtype.
     float32_logits: Compute the logits in float32.
@@ -229,10 +232,10 @@ def dot_product_attention(query: Array, key: Array, value: Array, bias: Array,
     query = query.astype(jnp.float32)
     key = key.astype(jnp.float32)
   # [batch, heads, q_len, k_len]
-  logits = jnp.einsum('bqhd,bkhd->bhqk', query, key)
+  logits = jnp.einsum('bqhd,bhdk->bhqk', query, key)
   logits = logits + bias.astype(logits.dtype)
   weights = jax.nn.softmax(logits).astype(dtype)
-  return jnp.einsum('bhqk,bkhd->bqhd', weights, value)
+  return jnp.einsum('bhqk,bhkd->bqhd', weights, value)
 
 
 class MultiHeadAttention(nn.Module):
@@ -272,13 +275,16 @@ class MultiHeadAttention(nn.Module):
     return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
 
   def project_kv(self, inputs_kv: Array) -> Tuple[Array, Array]:
-    """Returns keys and values, each [batch, length, heads, head_dim]."""
-    return (self._split_heads(self.key(inputs_kv)),
-            self._split_heads(self.value(inputs_kv)))
+    """Returns keys [batch, heads, head_dim, length] and values [batch,
+    heads, length, head_dim]: the layouts `dot_product_attention` reads."""
+    key = self._split_heads(self.key(inputs_kv))
+    value = self._split_heads(self.value(inputs_kv))
+    return jnp.transpose(key, (0, 2, 3, 1)), jnp.transpose(value, (0, 2, 1, 3))
 
   def attend(self, inputs_q: Array, key: Array, value: Array,
              bias: Array) -> Array:
-    """Attends from `inputs_q` [batch, q_len, emb] to projected keys/values."""
+    """Attends from `inputs_q` [batch, q_len, emb] to keys [batch, heads,
+    head_dim, k_len] and values [batch, heads, k_len, head_dim]."""
     query = self._split_heads(self.query(inputs_q))
     x = dot_product_attention(query, key, value, bias, self.dtype,
                               self.float32_logits)

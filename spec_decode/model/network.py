@@ -27,16 +27,19 @@ Array = jax.Array
 class DecoderCache:
   """Self-attention keys/values of every decoder layer.
 
+  The layouts are those the attention matmuls read (T5X stores its cache
+  keys the same way), so a step writes a few columns and transposes nothing.
+
   Attributes:
-    keys: One [batch, cache_len, heads, head_dim] array per decoder layer.
-    values: Same shapes as `keys`.
+    keys: One [batch, heads, head_dim, cache_len] array per decoder layer.
+    values: One [batch, heads, cache_len, head_dim] array per decoder layer.
   """
   keys: Tuple[Array, ...]
   values: Tuple[Array, ...]
 
   @property
   def length(self) -> int:
-    return self.keys[0].shape[1] if self.keys else 0
+    return self.keys[0].shape[-1] if self.keys else 0
 
 
 @flax.struct.dataclass
@@ -44,8 +47,8 @@ class EncodedInputs:
   """What the decoder needs from the encoder, computed once per call.
 
   Attributes:
-    cross_keys: One [batch, enc_len, heads, head_dim] array per decoder layer.
-    cross_values: Same shapes as `cross_keys`.
+    cross_keys: One [batch, heads, head_dim, enc_len] array per decoder layer.
+    cross_values: One [batch, heads, enc_len, head_dim] array per layer.
     encoder_mask: bool [batch, enc_len], True at real (non-pad) tokens.
   """
   cross_keys: Tuple[Array, ...]
@@ -56,26 +59,32 @@ class EncodedInputs:
 def init_cache(config: T5Config, batch_size: int,
                cache_len: int) -> DecoderCache:
   """Returns an all-zero decoder cache of `cache_len` positions per row."""
-  shape = (batch_size, cache_len, config.num_heads, config.head_dim)
-  zeros = tuple(jnp.zeros(shape, config.activation_dtype)
-                for _ in range(config.num_decoder_layers))
-  return DecoderCache(keys=zeros, values=zeros)
+  heads, head_dim = config.num_heads, config.head_dim
+  dtype = config.activation_dtype
+  layers_range = range(config.num_decoder_layers)
+  keys = tuple(jnp.zeros((batch_size, heads, head_dim, cache_len), dtype)
+               for _ in layers_range)
+  values = tuple(jnp.zeros((batch_size, heads, cache_len, head_dim), dtype)
+                 for _ in layers_range)
+  return DecoderCache(keys=keys, values=values)
 
 
-def write_chunk(cache: Array, chunk: Array, start: Array) -> Array:
-  """Writes chunk[b] into cache[b, start[b]:start[b] + K].
+def write_chunk(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
+  """Writes each row's chunk into its cache at positions start[b]...
 
   Args:
-    cache: [batch, cache_len, ...].
-    chunk: [batch, K, ...].
+    cache: [batch, ...] with positions along `axis`.
+    chunk: Like `cache` with K positions along `axis`.
     start: int [batch] first position of each row's chunk. The caller sizes
       the cache so that start + K <= cache_len (XLA would clamp silently).
+    axis: The position axis (counting the batch axis).
 
   Returns:
     The updated cache.
   """
   return jax.vmap(
-      lambda c, x, s: jax.lax.dynamic_update_slice_in_dim(c, x, s, axis=0))(
+      lambda c, x, s: jax.lax.dynamic_update_slice_in_dim(c, x, s,
+                                                          axis=axis - 1))(
           cache, chunk, start)
 
 
@@ -155,10 +164,10 @@ class DecoderLayer(nn.Module):
       x: [batch, K, emb] chunk activations.
       start: int [batch] absolute position of each row's first chunk token.
       self_bias: [batch, heads, K, cache_len] causal mask + relative bias.
-      cached_key: [batch, cache_len, heads, head_dim].
-      cached_value: [batch, cache_len, heads, head_dim].
-      cross_key: [batch, enc_len, heads, head_dim].
-      cross_value: [batch, enc_len, heads, head_dim].
+      cached_key: [batch, heads, head_dim, cache_len].
+      cached_value: [batch, heads, cache_len, head_dim].
+      cross_key: [batch, heads, head_dim, enc_len].
+      cross_value: [batch, heads, enc_len, head_dim].
       cross_bias: [batch, 1, 1, enc_len] encoder padding bias.
 
     Returns:
@@ -166,8 +175,8 @@ class DecoderLayer(nn.Module):
     """
     y = self.pre_self_attention_layer_norm(x)
     key, value = self.self_attention.project_kv(y)
-    cached_key = write_chunk(cached_key, key, start)
-    cached_value = write_chunk(cached_value, value, start)
+    cached_key = write_chunk(cached_key, key, start, axis=3)
+    cached_value = write_chunk(cached_value, value, start, axis=2)
     x = x + self.self_attention.attend(y, cached_key, cached_value, self_bias)
     y = self.pre_cross_attention_layer_norm(x)
     x = x + self.encoder_decoder_attention.attend(y, cross_key, cross_value,

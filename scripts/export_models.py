@@ -1,0 +1,133 @@
+r"""Exports trained models into the package (bfloat16, T5X format) + manifest.
+
+  python scripts/export_models.py            # after train.py and distill.py
+
+Each model is written as a T5X checkpoint (gzip zarr leaves) under
+spec_decode/pretrained/assets/<name>/ and described in manifest.json (config,
+role, parameter counts, training time, validation loss, translation scores on
+the En->De test split).
+"""
+
+import json
+import os
+import time
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+from spec_decode import checkpoints
+from spec_decode import distill
+from spec_decode import evaluation
+from spec_decode import generation
+from spec_decode import pretrained
+from spec_decode.data import tasks
+from spec_decode.model import Model
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('runs_dir', 'runs', 'Training folders.')
+flags.DEFINE_string('data_dir', 'data', 'Folder from prepare_data.py.')
+flags.DEFINE_string('distill_dir', 'data/distill', 'From distill.py.')
+flags.DEFINE_integer('eval_examples', 400, 'En->De test examples scored.')
+flags.DEFINE_integer('batch_size', 50, 'Decoding batch size for scoring.')
+
+# name -> (training folder or None, role)
+MODELS = {
+    't5_local_target': ('target', 'target'),
+    't5_local_draft_small': ('draft_small', 'draft'),
+    't5_local_draft_tiny': ('draft_tiny', 'draft'),
+    't5_local_bigram_draft': ('draft_bigram', 'draft (bigram)'),
+    't5_local_unigram_draft': (None, 'draft (unigram)'),
+}
+
+
+def training_summary(run_dir: str):
+  with open(os.path.join(run_dir, 'train_log.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  evals = [r for r in records if any(k.endswith('/loss') for k in r)]
+  with open(os.path.join(run_dir, 'config.json')) as f:
+    config = json.load(f)
+  return {
+      'steps': records[-1]['step'],
+      'batch_tokens': config['batch_tokens'],
+      'distilled': bool(config.get('distillation_dir')),
+      'validation': {k: v for k, v in evals[-1].items()
+                     if k.endswith(('/loss', '/accuracy'))} if evals else {},
+      'logged_seconds': records[-1]['time'] - records[0]['time'],
+  }, config
+
+
+def translation_metrics(model: Model, vocabulary, data_dir: str, count: int,
+                        batch_size: int):
+  pairs = tasks.load_pairs('translate_en_de', 'test', data_dir)[:count]
+  hypotheses = []
+  for start in range(0, len(pairs), batch_size):
+    chunk = pairs[start:start + batch_size]
+    enc = evaluation.encode_inputs(vocabulary, 'translate_en_de',
+                                   [s for s, _ in chunk], 64)
+    if len(chunk) < batch_size:
+      enc = np.concatenate([enc, np.zeros((batch_size - len(chunk), 64),
+                                          np.int32)])
+    result = generation.generate(model, enc, max_decode_len=64)
+    hypotheses.extend(evaluation.decode_outputs(
+        vocabulary, result.tokens)[:len(chunk)])
+  scores = evaluation.translation_scores(hypotheses, [t for _, t in pairs])
+  scores['examples'] = len(pairs)
+  scores['samples'] = [{'input': s, 'reference': t, 'output': h}
+                       for (s, t), h in list(zip(pairs, hypotheses))[:5]]
+  return scores
+
+
+def main(argv):
+  del argv
+  vocabulary = pretrained.vocabulary()
+  manifest = {}
+  for name, (run, role) in MODELS.items():
+    start = time.time()
+    if run is None:
+      counts = np.load(os.path.join(FLAGS.distill_dir, 'unigram_counts.npy'))
+      model = distill.unigram_model(counts, vocabulary.eos_id)
+      summary, step = {'fitted': 'closed form from target output counts'}, 0
+    else:
+      run_dir = os.path.join(FLAGS.runs_dir, run)
+      summary, train_config = training_summary(run_dir)
+      fields = {k: v for k, v in train_config['model'].items()}
+      from spec_decode.model import T5Config  # pylint: disable=g-import-not-at-top
+      config = T5Config(**{**fields, 'dtype': 'float32',
+                           'mlp_activations': tuple(
+                               fields['mlp_activations'])})
+      params = checkpoints.load_t5x_checkpoint(run_dir, config,
+                                               dtype='float32')
+      model = Model(config, params, eos_id=vocabulary.eos_id)
+      step = summary['steps']
+    metrics = translation_metrics(model, vocabulary, FLAGS.data_dir,
+                                  FLAGS.eval_examples, FLAGS.batch_size)
+    folder = os.path.join(pretrained.ASSETS_DIR, name)
+    bf16 = jax.tree_util.tree_map(
+        lambda x: np.asarray(x).astype('bfloat16'), model.params)
+    checkpoints.save_t5x_checkpoint(folder, bf16, step=step)
+    config_fields = {k: v for k, v in model.config.__dict__.items()
+                     if k != 'dtype'}
+    config_fields['mlp_activations'] = list(config_fields['mlp_activations'])
+    count = int(sum(np.prod(np.shape(x))
+                    for x in jax.tree_util.tree_leaves(model.params)))
+    manifest[name] = {
+        'role': role, 'checkpoint': name, 'config': config_fields,
+        'parameters': count,
+        'decoder_parameters': int(sum(np.prod(np.shape(x)) for x in
+                                      jax.tree_util.tree_leaves(
+                                          model.params['decoder']))),
+        'max_input_length': 64, 'training': summary,
+        'en_de_test': metrics,
+    }
+    print(f"{name}: {count:,} parameters, chrF {metrics['chrf']:.1f}, "
+          f"BLEU {metrics['bleu']:.1f} ({time.time() - start:.0f} s)",
+          flush=True)
+  with open(pretrained.MANIFEST_PATH, 'w') as f:
+    json.dump(manifest, f, indent=1, ensure_ascii=False)
+  print('wrote', pretrained.MANIFEST_PATH)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,402 @@
+"""Reproducing the paper's comparisons: functions that return data.
+
+Scripts (`scripts/reproduce.py`, `scripts/sweep.py`) bind these dataclasses
+from gin files in `configs/paper/` (TPU scale: T5X checkpoints, seqio tasks)
+and `configs/local/` (CPU scale: the shipped models, the local tasks), print
+the results and save them. Notebooks can call the same functions.
+"""
+
+import dataclasses
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+
+from spec_decode import analysis
+from spec_decode import benchmark
+from spec_decode import checkpoints
+from spec_decode import evaluation
+from spec_decode import generation
+from spec_decode import pretrained
+from spec_decode.data import tasks
+from spec_decode.model import Model
+from spec_decode.model import T5Config
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """Where a model comes from: a shipped name, or a config and checkpoint.
+
+  Attributes:
+    label: Name shown in tables (e.g. 'T5-small').
+    pretrained: A `spec_decode.pretrained.available()` name, or None.
+    config: Architecture, when loading from `checkpoint`.
+    checkpoint: T5X checkpoint path (local or gs://), when not `pretrained`.
+    dtype: Activation dtype; parameters are cast to it on read.
+    eos_id: The vocabulary's EOS id.
+  """
+  label: str
+  pretrained: Optional[str] = None
+  config: Optional[T5Config] = None
+  checkpoint: Optional[str] = None
+  dtype: str = 'float32'
+  eos_id: int = 1
+
+  def describe(self) -> str:
+    if self.pretrained:
+      return f'{self.label}: shipped model {self.pretrained!r} ({self.dtype})'
+    return (f'{self.label}: T5X checkpoint {self.checkpoint!r}, config '
+            f'{self.config}')
+
+  def load(self) -> Model:
+    if self.pretrained:
+      return pretrained.load(self.pretrained, dtype=self.dtype)
+    if self.config is None or self.checkpoint is None:
+      raise ValueError(f'{self.label}: give pretrained=..., or both config '
+                       'and checkpoint.')
+    config = self.config.replace(dtype=self.dtype)
+    params = checkpoints.load_t5x_checkpoint(self.checkpoint, config,
+                                             dtype=self.dtype)
+    return Model(config, params, eos_id=self.eos_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """Held-out inputs: a local task split, or a seqio task (TPU VMs).
+
+  Attributes:
+    task: A local task ('translate_en_de', 'summarize') or a seqio task name.
+    split: Split to read.
+    source: 'local' (committed samples, or `data_dir`) or 'seqio'.
+    data_dir: Local data folder; None uses the committed samples.
+    input_length: Inputs are truncated/padded to this many tokens.
+    imports: Modules that register the seqio task (e.g. 't5.data.tasks').
+  """
+  task: str
+  split: str = 'test'
+  source: str = 'local'
+  data_dir: Optional[str] = None
+  input_length: int = 64
+  imports: Tuple[str, ...] = ()
+
+  def describe(self) -> str:
+    where = ('committed samples' if self.data_dir is None else self.data_dir)
+    if self.source == 'seqio':
+      where = 'seqio TaskRegistry'
+    return f'{self.task}/{self.split} from {where}'
+
+  def load(self, count: int) -> Tuple[np.ndarray, List[str]]:
+    """Returns int32 [count, input_length] inputs and reference texts."""
+    if self.source == 'local':
+      pairs = tasks.load_pairs(self.task, self.split, self.data_dir)[:count]
+      enc = evaluation.encode_inputs(pretrained.vocabulary(), self.task,
+                                     [s for s, _ in pairs], self.input_length)
+      return enc, [t for _, t in pairs]
+    if self.source == 'seqio':
+      import importlib  # pylint: disable=g-import-not-at-top
+      import seqio  # pylint: disable=g-import-not-at-top
+      for module in self.imports:
+        importlib.import_module(module)
+      task = seqio.get_mixture_or_task(self.task)
+      dataset = task.get_dataset(
+          sequence_length={'inputs': self.input_length, 'targets': 256},
+          split=self.split, shuffle=False)
+      enc, refs = [], []
+      for example in dataset.take(count).as_numpy_iterator():
+        enc.append(example['inputs'][:self.input_length])
+        refs.append(example.get('targets_pretokenized', b'').decode())
+      return tasks.pad_batch(enc, self.input_length), refs
+    raise ValueError(f"source must be 'local' or 'seqio', got "
+                     f'{self.source!r}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class ComparisonRow:
+  """One row of Table 2: a target, a draft, a task and sampling settings.
+
+  Attributes:
+    name: Row label.
+    target: The target model.
+    draft: The draft model.
+    data: Held-out inputs.
+    temperature: 0 (greedy) or the sampling temperature.
+    gamma: Draft tokens per iteration.
+    batch_size: Rows decoded together.
+    num_examples: Inputs decoded (in batches of `batch_size`).
+    max_decode_len: Output limit.
+    lenience: 1.0 is exact (appendix A.5 otherwise).
+    paper_alpha: The paper's alpha for this row, if any (for the table).
+    paper_speedup: The paper's speedup for this row, if any.
+  """
+  name: str
+  target: ModelSpec
+  draft: ModelSpec
+  data: DataSpec
+  temperature: float = 0.0
+  gamma: int = 5
+  batch_size: int = 1
+  num_examples: int = 16
+  max_decode_len: int = 48
+  lenience: float = 1.0
+  paper_alpha: Optional[float] = None
+  paper_speedup: Optional[float] = None
+
+  def describe(self) -> str:
+    return '\n'.join([
+        f'row {self.name}: T={self.temperature} gamma={self.gamma} '
+        f'batch={self.batch_size} examples={self.num_examples}',
+        f'  target: {self.target.describe()}',
+        f'  draft:  {self.draft.describe()}',
+        f'  data:   {self.data.describe()}'])
+
+
+_MODELS: Dict[ModelSpec, Model] = {}
+
+
+def load_cached(spec: ModelSpec) -> Model:
+  if spec not in _MODELS:
+    _MODELS[spec] = spec.load()
+  return _MODELS[spec]
+
+
+def _batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
+  count = (len(enc) // batch_size) * batch_size or batch_size
+  if len(enc) < batch_size:  # Repeat inputs to fill one batch.
+    enc = np.resize(enc, (batch_size, enc.shape[1]))
+  return [enc[i:i + batch_size] for i in range(0, count, batch_size)]
+
+
+def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
+                seed: int = 0) -> Dict[str, Any]:
+  """Baseline vs speculative decoding on one row, interleaved after warm-up.
+
+  Returns:
+    alpha (empirical and Corollary 3.6), tokens per target call, c and the
+    verification cost, per-token latencies, measured and predicted speedups.
+  """
+  target, draft = load_cached(row.target), load_cached(row.draft)
+  enc, _ = row.data.load(row.num_examples)
+  batches = _batches(enc, row.batch_size)
+  if costs is None:
+    costs = analysis.measure_costs(target, draft, batches[0], row.gamma)
+  rng = jax.random.PRNGKey(seed)
+  common = dict(max_decode_len=row.max_decode_len,
+                temperature=row.temperature)
+  totals = {'baseline': 0.0, 'speculative': 0.0}
+  tokens = {'baseline': 0, 'speculative': 0}
+  stats = {'accepted': 0, 'proposed': 0, 'calls': 0, 'beta': 0.0,
+           'verified': 0, 'identical': 0, 'rows': 0}
+  for index, batch in enumerate(batches):
+    key = jax.random.fold_in(rng, index)
+    out = {}
+
+    def baseline(batch=batch, key=key, out=out):
+      out['baseline'] = generation.generate(target, batch, rng=key, **common)
+      return out['baseline'].tokens
+
+    def speculative(batch=batch, key=key, out=out):
+      out['speculative'] = generation.generate(
+          target, batch, rng=key, draft=draft, gamma=row.gamma,
+          lenience=row.lenience, **common)
+      return out['speculative'].tokens
+
+    timings = benchmark.interleaved_timings(
+        {'baseline': baseline, 'speculative': speculative}, repeats=1,
+        warmup=1 if index == 0 else 0)
+    for name in totals:
+      totals[name] += timings[name][0]
+      tokens[name] += int(np.sum(out[name].lengths))
+    spec = out['speculative']
+    stats['accepted'] += int(np.sum(spec.draft_tokens_accepted))
+    stats['proposed'] += int(np.sum(spec.draft_tokens_proposed))
+    stats['calls'] += int(np.sum(spec.target_calls))
+    stats['verified'] += int(np.sum(spec.verified_positions))
+    stats['beta'] += float(np.nansum(np.asarray(spec.mean_beta) *
+                                     np.asarray(spec.verified_positions)))
+    same = np.all(np.asarray(spec.tokens) == np.asarray(
+        out['baseline'].tokens), axis=1)
+    stats['identical'] += int(same.sum())
+    stats['rows'] += len(same)
+  alpha = stats['accepted'] / max(stats['proposed'], 1)
+  latency = {k: totals[k] / max(tokens[k], 1) for k in totals}
+  measured = latency['baseline'] / latency['speculative']
+  predicted = analysis.predicted_speedup(alpha, row.gamma, costs, False)
+  predicted_v = analysis.predicted_speedup(alpha, row.gamma, costs, True)
+  return {
+      'row': row.name, 'temperature': row.temperature, 'gamma': row.gamma,
+      'batch_size': row.batch_size, 'lenience': row.lenience,
+      'alpha': alpha, 'alpha_beta': stats['beta'] / max(stats['verified'], 1),
+      'tokens_per_target_call': tokens['speculative'] / max(stats['calls'],
+                                                             1),
+      'c': costs['c'], 'verify_cost': costs['verify_cost'],
+      'baseline_ms_per_token': 1e3 * latency['baseline'],
+      'speculative_ms_per_token': 1e3 * latency['speculative'],
+      'measured_speedup': measured,
+      'predicted_speedup': predicted,
+      'predicted_speedup_with_verify_cost': predicted_v,
+      'measured_over_predicted': measured / predicted,
+      'measured_over_predicted_with_verify_cost': measured / predicted_v,
+      'identical_rows': stats['identical'], 'rows': stats['rows'],
+      'paper_alpha': row.paper_alpha, 'paper_speedup': row.paper_speedup,
+  }
+
+
+def acceptance(target_spec: ModelSpec, draft_spec: ModelSpec, data: DataSpec,
+               temperature: float, gamma: int = 3, num_examples: int = 32,
+               batch_size: int = 16, max_decode_len: int = 48,
+               seed: int = 0) -> Dict[str, float]:
+  """Alpha of a draft against a target on held-out inputs (Table 3)."""
+  target, draft = load_cached(target_spec), load_cached(draft_spec)
+  enc, _ = data.load(num_examples)
+  accepted = proposed = verified = 0
+  beta = 0.0
+  for index, batch in enumerate(_batches(enc, batch_size)):
+    result = generation.generate(
+        target, batch, max_decode_len=max_decode_len,
+        temperature=temperature, draft=draft, gamma=gamma,
+        rng=jax.random.fold_in(jax.random.PRNGKey(seed), index))
+    accepted += int(np.sum(result.draft_tokens_accepted))
+    proposed += int(np.sum(result.draft_tokens_proposed))
+    verified += int(np.sum(result.verified_positions))
+    beta += float(np.nansum(np.asarray(result.mean_beta) *
+                            np.asarray(result.verified_positions)))
+  return {'alpha': accepted / max(proposed, 1),
+          'alpha_beta': beta / max(verified, 1)}
+
+
+def markdown_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str],
+                   formats: Optional[Dict[str, str]] = None) -> str:
+  """Rows of dicts as a Markdown table."""
+  formats = formats or {}
+
+  def cell(row, column):
+    value = row.get(column)
+    if value is None:
+      return '-'
+    if isinstance(value, float):
+      return format(value, formats.get(column, '.3f'))
+    return str(value)
+
+  lines = ['| ' + ' | '.join(columns) + ' |',
+           '|' + '---|' * len(columns)]
+  lines += ['| ' + ' | '.join(cell(r, c) for c in columns) + ' |'
+            for r in rows]
+  return '\n'.join(lines)
+
+
+def write_rows(rows: Sequence[Dict[str, Any]], output_dir: str, name: str,
+               columns: Sequence[str]) -> Dict[str, str]:
+  """Writes rows as JSON, CSV and Markdown; returns the paths."""
+  import csv  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  os.makedirs(output_dir, exist_ok=True)
+  paths = {kind: os.path.join(output_dir, f'{name}.{kind}')
+           for kind in ('json', 'csv', 'md')}
+  with open(paths['json'], 'w') as f:
+    json.dump(list(rows), f, indent=1)
+  with open(paths['csv'], 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=list(columns),
+                            extrasaction='ignore')
+    writer.writeheader()
+    writer.writerows(rows)
+  with open(paths['md'], 'w') as f:
+    f.write(markdown_table(rows, columns) + '\n')
+  return paths
+
+
+@dataclasses.dataclass(frozen=True)
+class AcceptanceTable:
+  """Table 3: alpha of several drafts against one target.
+
+  Attributes:
+    target: The target.
+    drafts: The drafts (include the unigram and bigram ones).
+    data: Held-out inputs per task.
+    temperatures: Sampling temperatures.
+    gamma: Draft tokens per iteration (alpha does not depend on it).
+    num_examples: Inputs per task.
+  """
+  target: ModelSpec
+  drafts: Tuple[ModelSpec, ...]
+  data: Tuple[DataSpec, ...]
+  temperatures: Tuple[float, ...] = (0.0, 1.0)
+  gamma: int = 3
+  num_examples: int = 32
+
+  def describe(self) -> str:
+    return '\n'.join([f'target: {self.target.describe()}'] +
+                     [f'draft:  {d.describe()}' for d in self.drafts] +
+                     [f'data:   {d.describe()}' for d in self.data])
+
+
+def acceptance_table(table: AcceptanceTable) -> List[Dict[str, Any]]:
+  rows = []
+  for data in table.data:
+    for draft in table.drafts:
+      for temperature in table.temperatures:
+        figures = acceptance(table.target, draft, data, temperature,
+                             table.gamma, table.num_examples)
+        rows.append({'task': data.task, 'draft': draft.label,
+                     'temperature': temperature, **figures})
+  return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """Speedup of one row as gamma, the batch size or the lenience varies.
+
+  Attributes:
+    row: The row to vary.
+    gammas: Draft lengths to try (gamma sweep).
+    batch_sizes: Batch sizes to try (batch sweep).
+    leniences: Lenience values to try (lenience trade-off, paper Table 5).
+  """
+  row: ComparisonRow
+  gammas: Tuple[int, ...] = (1, 2, 3, 4, 5, 7, 10)
+  batch_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  leniences: Tuple[float, ...] = (1.0, 0.5, 0.3, 0.1)
+
+  def describe(self) -> str:
+    return self.row.describe()
+
+
+def gamma_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
+  """Measured speedup per gamma, next to the predicted curve."""
+  rows, costs = [], None
+  for gamma in sweep.gammas:
+    row = dataclasses.replace(sweep.row, gamma=gamma)
+    target, draft = load_cached(row.target), load_cached(row.draft)
+    enc, _ = row.data.load(1)
+    costs = analysis.measure_costs(target, draft, enc[:1], gamma)
+    rows.append(measure_row(row, costs))
+  return rows
+
+
+def batch_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
+  """Measured speedup per batch size: where speculation stops paying."""
+  rows = []
+  for batch_size in sweep.batch_sizes:
+    row = dataclasses.replace(
+        sweep.row, batch_size=batch_size,
+        num_examples=max(sweep.row.num_examples, batch_size))
+    target, draft = load_cached(row.target), load_cached(row.draft)
+    enc, _ = row.data.load(batch_size)
+    enc = np.resize(enc, (batch_size, enc.shape[1]))
+    costs = analysis.measure_costs(target, draft, enc, row.gamma)
+    rows.append(measure_row(row, costs))
+  return rows
+
+
+def lenience_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
+  """Alpha and speedup per lenience (lossy below 1)."""
+  return [measure_row(dataclasses.replace(sweep.row, lenience=lenience))
+          for lenience in sweep.leniences]
+
+
+def crossing_batch_size(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
+  """The smallest batch size at which speculation no longer pays."""
+  for row in sorted(rows, key=lambda r: r['batch_size']):
+    if row['measured_speedup'] < 1.0:
+      return int(row['batch_size'])
+  return None

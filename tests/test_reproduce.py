@@ -1,0 +1,116 @@
+"""gin configs parse and build without touching the network; tables write."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import gin
+import pytest
+
+from spec_decode import gin_utils
+from spec_decode import reproduce
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, 'configs')
+SHARED = ('common.gin', 'table3.gin', 'sweep.gin')
+
+
+def _rows(folder):
+  return sorted(f for f in glob.glob(os.path.join(CONFIGS, folder, '*.gin'))
+                if os.path.basename(f) not in SHARED)
+
+
+def _build(path, cls, monkeypatch):
+  # Loading a model would read a checkpoint (gs:// for the paper rows): the
+  # build must not try.
+  monkeypatch.setattr(reproduce.ModelSpec, 'load', _no_load)
+  gin.clear_config()
+  gin.add_config_file_search_path(CONFIGS)
+  gin.parse_config_files_and_bindings([path], [], finalize_config=False)
+  return gin_utils.build(cls)
+
+
+def _no_load(self):
+  raise AssertionError(f'{self.label} was loaded while building a config')
+
+
+@pytest.mark.parametrize('path', _rows('paper'), ids=os.path.basename)
+def test_paper_rows_build_offline(path, monkeypatch):
+  row = _build(path, reproduce.ComparisonRow, monkeypatch)
+  assert row.target.label == 'T5-XXL'
+  assert row.target.config.emb_dim == 4096
+  assert row.target.checkpoint.startswith('gs://')
+  assert row.draft.label in ('T5-small', 'T5-base', 'T5-large')
+  assert row.data.source == 'seqio'
+  assert row.batch_size == 1
+  assert row.paper_alpha and row.paper_speedup
+  assert 'T5-XXL' in row.describe()
+
+
+def test_there_is_a_paper_row_per_table_2_row():
+  assert len(_rows('paper')) == 12
+
+
+@pytest.mark.parametrize('path', _rows('local'), ids=os.path.basename)
+def test_local_rows_build(path, monkeypatch):
+  row = _build(path, reproduce.ComparisonRow, monkeypatch)
+  assert row.target.pretrained == 't5_local_target'
+  assert row.draft.pretrained.startswith('t5_local_draft')
+  assert row.data.source == 'local'
+
+
+@pytest.mark.parametrize('folder', ['paper', 'local'])
+def test_table_3_builds(folder, monkeypatch):
+  table = _build(os.path.join(CONFIGS, folder, 'table3.gin'),
+                 reproduce.AcceptanceTable, monkeypatch)
+  assert len(table.drafts) >= 3
+  assert table.temperatures == (0.0, 1.0)
+
+
+def test_sweep_builds(monkeypatch):
+  sweep = _build(os.path.join(CONFIGS, 'local', 'sweep.gin'),
+                 reproduce.Sweep, monkeypatch)
+  assert sweep.batch_sizes[-1] == 64 and 1 in sweep.gammas
+  assert sweep.leniences == (1.0, 0.5, 0.3, 0.1)
+
+
+def test_model_configs_parse():
+  for path in glob.glob(os.path.join(CONFIGS, 'models', '*.gin')):
+    gin.clear_config()
+    gin.parse_config_files_and_bindings([path], [], finalize_config=False)
+
+
+def test_dry_run_prints_what_it_would_load():
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'scripts', 'reproduce.py'),
+       '--table=2', f'--rows={os.path.join(CONFIGS, "paper")}',
+       '--gin_dry_run', '--gin.T5_1_1_XXL_CHECKPOINT="gs://bucket/xxl"'],
+      capture_output=True, text=True, check=True, cwd=ROOT)
+  assert result.stdout.count('row ') == 12
+  assert "T5X checkpoint 'gs://bucket/xxl'" in result.stdout
+
+
+def test_gin_dot_flags_become_bindings():
+  assert gin_utils.rewrite_gin_args(
+      ['prog', '--gin.A.b=3', '--other=1']) == [
+          'prog', '--gin_bindings=A.b = 3', '--other=1']
+  with pytest.raises(ValueError, match='--gin.NAME=VALUE'):
+    gin_utils.rewrite_gin_args(['--gin.A'])
+
+
+def test_tables_are_written(tmp_path):
+  rows = [{'row': 'a', 'alpha': 0.5, 'measured_speedup': 1.25},
+          {'row': 'b', 'alpha': 0.75, 'measured_speedup': None}]
+  paths = reproduce.write_rows(rows, str(tmp_path), 'table2',
+                               ['row', 'alpha', 'measured_speedup'])
+  assert open(paths['md']).read().splitlines()[2] == '| a | 0.500 | 1.250 |'
+  assert open(paths['csv']).read().splitlines()[0] == (
+      'row,alpha,measured_speedup')
+
+
+def test_crossing_batch_size():
+  rows = [{'batch_size': b, 'measured_speedup': s}
+          for b, s in [(1, 1.8), (4, 1.3), (16, 0.9), (64, 0.5)]]
+  assert reproduce.crossing_batch_size(rows) == 16
+  assert reproduce.crossing_batch_size(rows[:2]) is None
