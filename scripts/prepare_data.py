@@ -8,7 +8,6 @@ Writes <data_dir>/<task>/{train,validation,test}.tsv and
 <data_dir>/tokenized/<task>_<split>.npz. Raw downloads go to <data_dir>/raw.
 """
 
-import collections
 import glob
 import json
 import os

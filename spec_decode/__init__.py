@@ -22,3 +22,9 @@ from spec_decode.model import t5_config
 from spec_decode.sampling import SamplingConfig
 
 __version__ = '0.1.0'
+
+__all__ = [
+    'CheckpointError', 'DecodeResult', 'Model', 'SamplingConfig', 'T5Config',
+    'generate', 'init_params', 'load_t5x_checkpoint', 'logical_axes',
+    'save_t5x_checkpoint', 't5_config',
+]

@@ -22,14 +22,12 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import flags
 import jax
-import numpy as np
 
 from spec_decode import analysis
-from spec_decode import benchmark
 from spec_decode import evaluation
-from spec_decode import generation
 from spec_decode import gin_utils
 from spec_decode import pretrained
+from spec_decode import reproduce
 from spec_decode.data import tasks
 
 
@@ -68,28 +66,6 @@ def _log(message: str) -> None:
   print(f'[{time.strftime("%H:%M:%S")}] {message}', flush=True)
 
 
-def decode_pair(target, draft, enc: np.ndarray, temperature: float,
-                gamma: int, max_decode_len: int, rng) -> Dict[str, object]:
-  """Times baseline and speculative decoding of one batch, interleaved."""
-  common = dict(max_decode_len=max_decode_len, temperature=temperature,
-                rng=rng)
-  results = {}
-
-  def baseline():
-    results['baseline'] = generation.generate(target, enc, **common)
-    return results['baseline'].tokens
-
-  def speculative():
-    results['speculative'] = generation.generate(target, enc, draft=draft,
-                                                 gamma=gamma, **common)
-    return results['speculative'].tokens
-
-  timings = benchmark.interleaved_timings(
-      {'baseline': baseline, 'speculative': speculative}, repeats=1,
-      warmup=0)
-  return {'timings': {k: v[0] for k, v in timings.items()}, **results}
-
-
 def run_task(config: MainConfig, target, draft, vocabulary, task: str,
              temperature: float, costs: Dict[str, float]) -> Dict[str, object]:
   """Decodes the task's examples one by one; returns its figures."""
@@ -97,57 +73,27 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
   sources = [source for source, _ in pairs]
   enc = evaluation.encode_inputs(vocabulary, task, sources,
                                  config.input_length)
-  rng = jax.random.PRNGKey(config.seed)
-  # Compile both decoders once before timing anything.
-  decode_pair(target, draft, enc[:1], temperature, config.gamma,
-              config.max_decode_len, rng)
-  seconds = {'baseline': 0.0, 'speculative': 0.0}
-  tokens = {'baseline': 0, 'speculative': 0}
-  accepted = proposed = calls = 0
-  beta_weighted = verified = 0.0
-  identical, shown = [], []
-  for index in range(len(pairs)):
-    out = decode_pair(target, draft, enc[index:index + 1], temperature,
-                      config.gamma, config.max_decode_len,
-                      jax.random.fold_in(rng, index))
-    base, spec = out['baseline'], out['speculative']
-    for name, result in (('baseline', base), ('speculative', spec)):
-      seconds[name] += out['timings'][name]
-      tokens[name] += int(np.sum(result.lengths))
-    accepted += int(np.sum(spec.draft_tokens_accepted))
-    proposed += int(np.sum(spec.draft_tokens_proposed))
-    calls += int(np.sum(spec.target_calls))
-    verified += float(np.sum(spec.verified_positions))
-    beta_weighted += float(np.nansum(np.asarray(spec.mean_beta)
-                                     * np.asarray(spec.verified_positions)))
-    identical.append(bool(np.array_equal(np.asarray(base.tokens),
-                                         np.asarray(spec.tokens))))
+  shown = []
+
+  def show(index, baseline, speculative):
     if index < config.show_examples:
       shown.append({
           'input': sources[index], 'reference': pairs[index][1],
-          'baseline': evaluation.decode_outputs(vocabulary, base.tokens)[0],
+          'baseline': evaluation.decode_outputs(vocabulary,
+                                                baseline.tokens)[0],
           'speculative': evaluation.decode_outputs(vocabulary,
-                                                   spec.tokens)[0]})
-  latency = {k: seconds[k] / max(tokens[k], 1) for k in seconds}
-  alpha = accepted / max(proposed, 1)
-  figures = {
-      'task': task, 'temperature': temperature, 'gamma': config.gamma,
-      'examples': len(pairs),
-      'greedy_identical': all(identical) if temperature == 0 else None,
-      'identical_rows': int(sum(identical)),
-      'alpha': alpha,
-      'alpha_beta': beta_weighted / max(verified, 1.0),
-      'tokens_per_target_call': tokens['speculative'] / max(calls, 1),
-      'baseline_ms_per_token': 1e3 * latency['baseline'],
-      'speculative_ms_per_token': 1e3 * latency['speculative'],
-      'speedup': latency['baseline'] / latency['speculative'],
-      'predicted_speedup': analysis.predicted_speedup(
-          alpha, config.gamma, costs, include_verify_cost=False),
-      'predicted_speedup_with_verify_cost': analysis.predicted_speedup(
-          alpha, config.gamma, costs, include_verify_cost=True),
-      'examples_shown': shown,
-  }
-  return figures
+                                                   speculative.tokens)[0]})
+
+  figures = reproduce.compare_decoders(
+      target, draft, [enc[i:i + 1] for i in range(len(enc))],
+      temperature=temperature, gamma=config.gamma,
+      max_decode_len=config.max_decode_len, seed=config.seed, on_batch=show)
+  figures = reproduce.add_predictions(figures, config.gamma, costs)
+  identical = figures['identical_rows'] == figures['rows']
+  return {'task': task, 'temperature': temperature, 'gamma': config.gamma,
+          'examples': len(pairs),
+          'greedy_identical': identical if temperature == 0 else None,
+          **figures, 'examples_shown': shown}
 
 
 def format_table(rows: Sequence[Dict[str, object]]) -> str:
@@ -162,7 +108,8 @@ def format_table(rows: Sequence[Dict[str, object]]) -> str:
              f"{row['tokens_per_target_call']:.2f}",
              f"{row['baseline_ms_per_token']:.2f}",
              f"{row['speculative_ms_per_token']:.2f}",
-             f"{row['speedup']:.2f}x", f"{row['predicted_speedup']:.2f}x",
+             f"{row['measured_speedup']:.2f}x",
+             f"{row['predicted_speedup']:.2f}x",
              f"{row['predicted_speedup_with_verify_cost']:.2f}x")
     lines.append('  '.join(f'{c:>9}' for c in cells))
   return '\n'.join(lines)

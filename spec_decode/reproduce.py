@@ -8,7 +8,7 @@ the results and save them. Notebooks can call the same functions.
 
 import dataclasses
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -167,23 +167,31 @@ def _batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
   return [enc[i:i + batch_size] for i in range(0, count, batch_size)]
 
 
-def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
-                seed: int = 0) -> Dict[str, Any]:
-  """Baseline vs speculative decoding on one row, interleaved after warm-up.
+def compare_decoders(target: Model, draft: Model,
+                     batches: Sequence[np.ndarray], *, temperature: float,
+                     gamma: int, max_decode_len: int, lenience: float = 1.0,
+                     seed: int = 0, on_batch: Optional[Callable[..., None]]
+                     = None) -> Dict[str, Any]:
+  """Baseline vs speculative decoding, interleaved per batch after warm-up.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    batches: int32 [batch, length] encoder inputs, decoded one after another.
+    temperature: 0 for greedy.
+    gamma: Draft tokens per iteration.
+    max_decode_len: Output limit.
+    lenience: 1.0 is exact.
+    seed: Sampling seed (batch i uses fold_in(seed, i)).
+    on_batch: Called as on_batch(index, baseline_result, speculative_result).
 
   Returns:
-    alpha (empirical and Corollary 3.6), tokens per target call, c and the
-    verification cost, per-token latencies, measured and predicted speedups.
+    alpha (empirical and Corollary 3.6), tokens per target call, per-token
+    latencies, the measured speedup and how many rows were identical.
   """
-  target, draft = load_cached(row.target), load_cached(row.draft)
-  enc, _ = row.data.load(row.num_examples)
-  batches = _batches(enc, row.batch_size)
-  if costs is None:
-    costs = analysis.measure_costs(target, draft, batches[0], row.gamma)
   rng = jax.random.PRNGKey(seed)
-  common = dict(max_decode_len=row.max_decode_len,
-                temperature=row.temperature)
-  totals = {'baseline': 0.0, 'speculative': 0.0}
+  common = dict(max_decode_len=max_decode_len, temperature=temperature)
+  seconds = {'baseline': 0.0, 'speculative': 0.0}
   tokens = {'baseline': 0, 'speculative': 0}
   stats = {'accepted': 0, 'proposed': 0, 'calls': 0, 'beta': 0.0,
            'verified': 0, 'identical': 0, 'rows': 0}
@@ -197,15 +205,16 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
 
     def speculative(batch=batch, key=key, out=out):
       out['speculative'] = generation.generate(
-          target, batch, rng=key, draft=draft, gamma=row.gamma,
-          lenience=row.lenience, **common)
+          target, batch, rng=key, draft=draft, gamma=gamma,
+          lenience=lenience, **common)
       return out['speculative'].tokens
 
+    # The first batch also compiles both decoders, untimed.
     timings = benchmark.interleaved_timings(
         {'baseline': baseline, 'speculative': speculative}, repeats=1,
         warmup=1 if index == 0 else 0)
-    for name in totals:
-      totals[name] += timings[name][0]
+    for name in seconds:
+      seconds[name] += timings[name][0]
       tokens[name] += int(np.sum(out[name].lengths))
     spec = out['speculative']
     stats['accepted'] += int(np.sum(spec.draft_tokens_accepted))
@@ -218,28 +227,52 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
         out['baseline'].tokens), axis=1)
     stats['identical'] += int(same.sum())
     stats['rows'] += len(same)
-  alpha = stats['accepted'] / max(stats['proposed'], 1)
-  latency = {k: totals[k] / max(tokens[k], 1) for k in totals}
-  measured = latency['baseline'] / latency['speculative']
-  predicted = analysis.predicted_speedup(alpha, row.gamma, costs, False)
-  predicted_v = analysis.predicted_speedup(alpha, row.gamma, costs, True)
+    if on_batch is not None:
+      on_batch(index, out['baseline'], spec)
+  latency = {k: seconds[k] / max(tokens[k], 1) for k in seconds}
   return {
-      'row': row.name, 'temperature': row.temperature, 'gamma': row.gamma,
-      'batch_size': row.batch_size, 'lenience': row.lenience,
-      'alpha': alpha, 'alpha_beta': stats['beta'] / max(stats['verified'], 1),
+      'alpha': stats['accepted'] / max(stats['proposed'], 1),
+      'alpha_beta': stats['beta'] / max(stats['verified'], 1),
       'tokens_per_target_call': tokens['speculative'] / max(stats['calls'],
                                                              1),
-      'c': costs['c'], 'verify_cost': costs['verify_cost'],
       'baseline_ms_per_token': 1e3 * latency['baseline'],
       'speculative_ms_per_token': 1e3 * latency['speculative'],
-      'measured_speedup': measured,
-      'predicted_speedup': predicted,
-      'predicted_speedup_with_verify_cost': predicted_v,
-      'measured_over_predicted': measured / predicted,
-      'measured_over_predicted_with_verify_cost': measured / predicted_v,
+      'measured_speedup': latency['baseline'] / latency['speculative'],
       'identical_rows': stats['identical'], 'rows': stats['rows'],
-      'paper_alpha': row.paper_alpha, 'paper_speedup': row.paper_speedup,
   }
+
+
+def add_predictions(figures: Dict[str, Any], gamma: int,
+                    costs: Dict[str, float]) -> Dict[str, Any]:
+  """Adds c, the verification cost and Theorem 3.8's predictions."""
+  predicted = analysis.predicted_speedup(figures['alpha'], gamma, costs,
+                                         False)
+  predicted_v = analysis.predicted_speedup(figures['alpha'], gamma, costs,
+                                           True)
+  measured = figures['measured_speedup']
+  return {**figures, 'c': costs['c'], 'verify_cost': costs['verify_cost'],
+          'predicted_speedup': predicted,
+          'predicted_speedup_with_verify_cost': predicted_v,
+          'measured_over_predicted': measured / predicted,
+          'measured_over_predicted_with_verify_cost': measured / predicted_v}
+
+
+def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
+                seed: int = 0) -> Dict[str, Any]:
+  """Measures one row: `compare_decoders` plus the analysis' prediction."""
+  target, draft = load_cached(row.target), load_cached(row.draft)
+  enc, _ = row.data.load(row.num_examples)
+  batches = _batches(enc, row.batch_size)
+  if costs is None:
+    costs = analysis.measure_costs(target, draft, batches[0], row.gamma)
+  figures = compare_decoders(
+      target, draft, batches, temperature=row.temperature, gamma=row.gamma,
+      max_decode_len=row.max_decode_len, lenience=row.lenience, seed=seed)
+  return {'row': row.name, 'temperature': row.temperature,
+          'gamma': row.gamma, 'batch_size': row.batch_size,
+          'lenience': row.lenience,
+          **add_predictions(figures, row.gamma, costs),
+          'paper_alpha': row.paper_alpha, 'paper_speedup': row.paper_speedup}
 
 
 def acceptance(target_spec: ModelSpec, draft_spec: ModelSpec, data: DataSpec,

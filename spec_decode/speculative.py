@@ -16,7 +16,7 @@ the draft's gamma steps inside it, so no host round trip per token.
 """
 
 import functools
-from typing import Any, Tuple
+from typing import Any
 
 import flax
 import jax

@@ -20,7 +20,7 @@ def test_main_job_end_to_end(tmp_path):
   assert len(report['rows']) == 4
   for row in report['rows']:
     assert 0.0 <= row['alpha'] <= 1.0
-    assert row['speedup'] > 0 and row['predicted_speedup'] > 0
+    assert row['measured_speedup'] > 0 and row['predicted_speedup'] > 0
     if row['temperature'] == 0:
       assert row['greedy_identical'] is True
   saved = json.load(open(tmp_path / 'main.json'))

@@ -3,7 +3,6 @@
 T5's ids: pad 0, eos 1, unk 2, no bos; byte fallback so no text is unknown.
 """
 
-import io
 import os
 from typing import Iterable, List, Sequence
 

@@ -11,3 +11,9 @@ from spec_decode.model.model import param_shapes
 from spec_decode.model.network import DecoderCache
 from spec_decode.model.network import EncodedInputs
 from spec_decode.model.network import init_cache
+
+__all__ = [
+    'DecoderCache', 'EncodedInputs', 'Model', 'PRESETS', 'T5Config',
+    'check_params', 'init_cache', 'init_params', 'logical_axes',
+    'param_shapes', 't5_config',
+]
