@@ -10,7 +10,11 @@ setuptools.setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     packages=setuptools.find_packages(include=['spec_decode', 'spec_decode.*']),
-    package_data={'spec_decode': ['pretrained/assets/**/*', 'pretrained/assets/*',
+    package_data={'spec_decode': ['pretrained/assets/*',
+                                  'pretrained/assets/*/*',
+                                  'pretrained/assets/*/*/*',
+                                  # zarr metadata files start with a dot.
+                                  'pretrained/assets/*/*/.z*',
                                   'data/samples/*']},
     include_package_data=True,
     python_requires='>=3.10',
@@ -22,10 +26,12 @@ setuptools.setup(
         'msgpack',
         'numpy',
         'optax',
+        'sentencepiece',
         'tensorstore',
     ],
     extras_require={
-        'data': ['seqio', 'sentencepiece', 'tensorflow-cpu'],
+        # seqio task registration (T5X users) and translation scores.
+        'data': ['seqio', 'tensorflow-cpu', 'sacrebleu'],
         'test': ['pytest', 'hypothesis', 'scipy'],
         'plots': ['matplotlib'],
     },

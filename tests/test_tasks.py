@@ -1,9 +1,12 @@
 """Task inputs are T5-style; tokenized splits round-trip."""
 
+import os
+
 import numpy as np
 import pytest
 
 from spec_decode import pretrained
+from spec_decode.data import corpora
 from spec_decode.data import tasks
 
 
@@ -50,3 +53,31 @@ def test_bad_task_or_split():
 def test_pad_batch():
   np.testing.assert_array_equal(tasks.pad_batch([[1, 2, 3], [4]], 2),
                                 [[1, 2], [4, 0]])
+
+
+@pytest.mark.slow
+def test_seqio_tasks_tokenize_like_ours(tmp_path):
+  # Needs the [data] extra (seqio, TensorFlow): the slow suite installs it.
+  import seqio  # pylint: disable=g-import-not-at-top
+  for task in tasks.TASKS:
+    for split in corpora.SPLITS:
+      path = tasks.tsv_path(str(tmp_path), task, split)
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      with open(path, 'w', encoding='utf-8') as f:
+        f.writelines(corpora.to_tsv_line(p)
+                     for p in tasks.load_pairs(task, split))
+  names = tasks.register_seqio_tasks(str(tmp_path),
+                                     pretrained.VOCABULARY_PATH, '_test')
+  assert names == ['translate_en_de_test', 'summarize_test']
+  vocabulary = pretrained.vocabulary()
+  for name, task in zip(names, tasks.TASKS):
+    dataset = seqio.get_mixture_or_task(name).get_dataset(
+        sequence_length={'inputs': 512, 'targets': 512}, split='test',
+        shuffle=False)
+    examples = list(dataset.take(3).as_numpy_iterator())
+    ours = tasks.tokenize_pairs(vocabulary, task,
+                                tasks.load_pairs(task, 'test')[:3],
+                                max_input_length=512, max_target_length=512)
+    for index, example in enumerate(examples):
+      np.testing.assert_array_equal(example['inputs'], ours.input(index))
+      np.testing.assert_array_equal(example['targets'], ours.target(index))
