@@ -12,10 +12,36 @@ from typing import Any, Callable, List, Optional, Sequence
 from absl import app
 from absl import flags
 import gin
+from gin import resource_reader
 
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'configs')
+
+
+def _tolerate_namespace_folders() -> None:
+  """Lets gin look past folders that Python sees as namespace packages.
+
+  gin also looks for an `include 'runs/x.gin'` inside a Python package
+  `runs`; a plain folder of that name in the working directory (our own
+  training output is `runs/`) is a namespace package without a file, and gin
+  then fails with a TypeError instead of trying its next search path.
+  """
+  parse = resource_reader._parse_config_path  # pylint: disable=protected-access
+  if getattr(parse, 'tolerates_namespace_folders', False):
+    return
+
+  def parse_or_not_found(config_path: str) -> str:
+    try:
+      return parse(config_path)
+    except TypeError as e:
+      raise ValueError('Package not found', config_path) from e
+
+  parse_or_not_found.tolerates_namespace_folders = True
+  resource_reader._parse_config_path = parse_or_not_found  # pylint: disable=protected-access
+
+
+_tolerate_namespace_folders()
 
 
 def build(cls: Any, **overrides) -> Any:
@@ -57,6 +83,33 @@ def rewrite_gin_args(args: Sequence[str]) -> List[str]:
   return rewritten
 
 
+def config_search_paths(files: Sequence[str]) -> List[str]:
+  """Folders that gin `include`s are resolved against, most specific first.
+
+  configs/ next to the package only exists in a source checkout; with a
+  regular (non-editable) install the repository's configs/ is found through
+  the files being parsed (`configs/paper/row.gin` includes
+  `models/t5_1_1_xxl.gin`) or through the working directory.
+
+  Args:
+    files: gin files about to be parsed.
+
+  Returns:
+    Existing folders, without repeats.
+  """
+  candidates = []
+  for path in files:
+    folder = os.path.dirname(os.path.abspath(path))
+    candidates += [folder, os.path.dirname(folder)]
+  candidates += [CONFIGS_DIR, os.path.join(os.getcwd(), 'configs'),
+                 os.getcwd()]
+  paths = []
+  for folder in candidates:
+    if os.path.isdir(folder) and folder not in paths:
+      paths.append(folder)
+  return paths
+
+
 def parse_gin_flags(modules: Sequence[str] = (),
                     extra_files: Sequence[str] = (),
                     extra_bindings: Sequence[str] = ()) -> None:
@@ -69,9 +122,9 @@ def parse_gin_flags(modules: Sequence[str] = (),
     extra_files: gin files parsed before --gin_file.
     extra_bindings: Bindings parsed before --gin_bindings.
   """
-  gin.add_config_file_search_path(CONFIGS_DIR)
-  gin.add_config_file_search_path(os.getcwd())
   files = list(extra_files) + list(flags.FLAGS.gin_file)
+  for path in config_search_paths(files):
+    gin.add_config_file_search_path(path)
   preamble = ''.join(f'from spec_decode import {m}\n' for m in modules)
   if preamble:
     preamble = 'from __gin__ import dynamic_registration\n' + preamble

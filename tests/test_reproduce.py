@@ -91,6 +91,16 @@ def test_dry_run_prints_what_it_would_load():
   assert "T5X checkpoint 'gs://bucket/xxl'" in result.stdout
 
 
+def test_includes_resolve_without_a_source_checkout(tmp_path, monkeypatch):
+  # A regular `pip install .` has no configs/ next to the package: includes
+  # must resolve through the folder of the file being parsed.
+  monkeypatch.setattr(gin_utils, 'CONFIGS_DIR', str(tmp_path / 'absent'))
+  monkeypatch.chdir(tmp_path)
+  row = os.path.join(CONFIGS, 'paper', 'ende_t0_small.gin')
+  assert CONFIGS in gin_utils.config_search_paths([row])
+  assert str(tmp_path / 'absent') not in gin_utils.config_search_paths([row])
+
+
 def test_gin_dot_flags_become_bindings():
   assert gin_utils.rewrite_gin_args(
       ['prog', '--gin.A.b=3', '--other=1']) == [

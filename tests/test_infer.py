@@ -1,0 +1,73 @@
+"""Decoding raw text with gin-configured models (spec_decode.infer)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import spec_decode as sd
+from spec_decode import infer
+from spec_decode import reproduce
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SOURCES = ['The house is small.', 'Open the file, then close it.',
+           'A command line tool to convert images.']
+
+
+def _saved_model(folder, seed, **overrides):
+  """A random model with the shipped vocabulary's size, as a T5X checkpoint."""
+  fields = dict(vocab_size=8000, emb_dim=32, num_heads=2, head_dim=8,
+                mlp_dim=48, num_encoder_layers=1, num_decoder_layers=2,
+                dtype='float32')
+  fields.update(overrides)
+  config = sd.T5Config(**fields)
+  path = os.path.join(folder, f'model_{seed}')
+  sd.save_t5x_checkpoint(path, sd.init_params(config, jax.random.PRNGKey(seed)))
+  return reproduce.ModelSpec(label=f'random {seed}', config=config,
+                             checkpoint=path)
+
+
+def test_speculative_run_gives_the_baseline_text(tmp_path):
+  target = _saved_model(str(tmp_path), 0)
+  draft = _saved_model(str(tmp_path), 1, num_decoder_layers=1)
+  baseline = infer.infer(infer.InferConfig(target=target, batch_size=2,
+                                           max_decode_len=12), SOURCES)
+  fast = infer.infer(infer.InferConfig(target=target, draft=draft, gamma=3,
+                                       batch_size=2, max_decode_len=12),
+                     SOURCES)
+  assert [r['input'] for r in fast] == SOURCES
+  assert [r['tokens'] for r in fast] == [r['tokens'] for r in baseline]
+  assert [r['output'] for r in fast] == [r['output'] for r in baseline]
+  assert all('draft_tokens_accepted' in r for r in fast)
+  assert all('draft_tokens_accepted' not in r for r in baseline)
+  assert all(1 <= len(r['tokens']) <= 12 for r in baseline)
+
+
+def test_bad_input_is_named(tmp_path):
+  with pytest.raises(ValueError, match='sources'):
+    infer.infer(infer.InferConfig(), [])
+  with pytest.raises(ValueError, match='batch_size'):
+    infer.infer(infer.InferConfig(batch_size=0), ['x'])
+
+
+def test_run_configs_build_offline(monkeypatch):
+  import gin  # pylint: disable=g-import-not-at-top
+  from spec_decode import gin_utils  # pylint: disable=g-import-not-at-top
+  from spec_decode import main  # pylint: disable=g-import-not-at-top
+  for name in ('baseline', 'speculative'):
+    gin.clear_config()
+    path = os.path.join(ROOT, 'configs', 'runs', f'{name}.gin')
+    for folder in gin_utils.config_search_paths([path]):
+      gin.add_config_file_search_path(folder)
+    gin.parse_config_files_and_bindings([path], [], finalize_config=False)
+    config = gin_utils.build(infer.InferConfig)
+    assert config.target.pretrained == 't5_local_target'
+    assert (config.draft is None) == (name == 'baseline')
+  gin.clear_config()
+  path = os.path.join(ROOT, 'configs', 'runs', 'main.gin')
+  gin.parse_config_files_and_bindings([path], [], finalize_config=False)
+  assert gin_utils.build(main.MainConfig) == main.MainConfig()
+  gin.clear_config()
