@@ -1,9 +1,6 @@
 """Decoding raw text with gin-configured models (spec_decode.infer)."""
 
-import json
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
