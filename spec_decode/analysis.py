@@ -9,7 +9,7 @@ below relaxes that for machines where it does not hold, such as CPUs.
 """
 
 import functools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -103,17 +103,47 @@ def ops_factor(alpha, gamma, c_hat):
           + _check_gamma(gamma) + 1.0) / expected_tokens(alpha, gamma)
 
 
-def empirical_alpha(result: DecodeResult) -> float:
-  """Accepted / proposed draft tokens, pooled over the batch."""
-  proposed = float(np.sum(result.draft_tokens_proposed))
-  return float(np.sum(result.draft_tokens_accepted)) / proposed if proposed \
-      else float('nan')
+def _pooled(results: Union[DecodeResult, Sequence[DecodeResult]], field: str
+            ) -> np.ndarray:
+  """One statistic of one or several results, rows concatenated."""
+  if isinstance(results, DecodeResult):
+    results = [results]
+  return np.concatenate([np.ravel(np.asarray(getattr(r, field), np.float64))
+                         for r in results])
 
 
-def corollary_alpha(result: DecodeResult) -> float:
-  """Mean beta over every verified position (Corollary 3.6), pooled."""
-  counts = np.asarray(result.verified_positions, np.float64)
-  beta = np.asarray(result.mean_beta, np.float64)
+def empirical_alpha(results: Union[DecodeResult, Sequence[DecodeResult]]
+                    ) -> float:
+  """Accepted / examined draft tokens, pooled over rows and results.
+
+  alpha is the chance that a draft token is accepted when the target
+  examines it. Tokens after the first rejection of an iteration are never
+  examined, so accepted / proposed would estimate alpha(1 - alpha^gamma) /
+  ((1 - alpha) gamma) instead (0.31 for alpha 0.63, gamma 5).
+
+  Args:
+    results: Speculative `DecodeResult`s.
+
+  Returns:
+    The pooled rate (NaN when nothing was examined).
+  """
+  examined = _pooled(results, 'verified_positions').sum()
+  accepted = _pooled(results, 'draft_tokens_accepted').sum()
+  return float(accepted / examined) if examined else float('nan')
+
+
+def corollary_alpha(results: Union[DecodeResult, Sequence[DecodeResult]]
+                    ) -> float:
+  """Mean beta over every examined position (Corollary 3.6), pooled.
+
+  Args:
+    results: Speculative `DecodeResult`s.
+
+  Returns:
+    The pooled mean of beta (NaN when nothing was examined).
+  """
+  counts = _pooled(results, 'verified_positions')
+  beta = _pooled(results, 'mean_beta')
   valid = counts > 0
   if not valid.any():
     return float('nan')
@@ -184,11 +214,19 @@ def predicted_speedup(alpha: float, gamma: int, costs: Dict[str, float],
   return float(walltime_improvement(alpha, gamma, costs['c'], verify))
 
 
-def summarize_result(result: DecodeResult) -> Dict[str, Optional[float]]:
-  """Acceptance figures of one speculative `DecodeResult`."""
-  lengths = np.asarray(result.lengths, np.float64)
-  calls = np.asarray(result.target_calls, np.float64)
-  return {'alpha': empirical_alpha(result),
-          'alpha_beta': corollary_alpha(result),
-          'tokens_per_target_call': float(lengths.sum() / max(calls.sum(),
-                                                               1))}
+def summarize_result(results: Union[DecodeResult, Sequence[DecodeResult]]
+                     ) -> Dict[str, Optional[float]]:
+  """Acceptance figures of one or several speculative `DecodeResult`s.
+
+  Args:
+    results: Speculative `DecodeResult`s (pooled over rows and results).
+
+  Returns:
+    `alpha` (empirical), `alpha_beta` (Corollary 3.6) and
+    `tokens_per_target_call`.
+  """
+  lengths = _pooled(results, 'lengths').sum()
+  calls = _pooled(results, 'target_calls').sum()
+  return {'alpha': empirical_alpha(results),
+          'alpha_beta': corollary_alpha(results),
+          'tokens_per_target_call': float(lengths / max(calls, 1))}

@@ -36,7 +36,10 @@ class DecodeResult:
       active (baseline: one per token).
     draft_tokens_proposed: int32 [batch] draft tokens proposed to the target.
     draft_tokens_accepted: int32 [batch] of those, accepted by the rule.
-    acceptance_rate: float32 [batch] accepted / proposed (NaN for baseline).
+    acceptance_rate: float32 [batch] accepted / verified draft tokens: the
+      empirical alpha, the chance that a draft token the target examines is
+      accepted (a token after a rejection is never examined; accepted /
+      proposed would understate alpha). NaN for baseline.
     mean_beta: float32 [batch] mean of beta = sum_x min(p(x), q(x)) over the
       verified positions: the paper's Corollary 3.6 estimate of alpha (NaN
       for baseline).

@@ -50,11 +50,11 @@ class MainConfig:
     seed: Sampling seed.
   """
   target: str = 't5_local_target'
-  draft: str = 't5_local_draft_small'
+  draft: str = 't5_local_draft_tiny'
   tasks: Tuple[str, ...] = ('translate_en_de', 'summarize')
-  num_examples: int = 16
+  num_examples: int = 32
   temperatures: Tuple[float, ...] = (0.0, 1.0)
-  gamma: int = 5
+  gamma: int = 3
   max_decode_len: int = 48
   input_length: int = 64
   data_dir: Optional[str] = None

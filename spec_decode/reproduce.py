@@ -193,8 +193,8 @@ def compare_decoders(target: Model, draft: Model,
   common = dict(max_decode_len=max_decode_len, temperature=temperature)
   seconds = {'baseline': 0.0, 'speculative': 0.0}
   tokens = {'baseline': 0, 'speculative': 0}
-  stats = {'accepted': 0, 'proposed': 0, 'calls': 0, 'beta': 0.0,
-           'verified': 0, 'identical': 0, 'rows': 0}
+  stats = {'identical': 0, 'rows': 0}
+  speculative_results = []
   for index, batch in enumerate(batches):
     key = jax.random.fold_in(rng, index)
     out = {}
@@ -217,12 +217,7 @@ def compare_decoders(target: Model, draft: Model,
       seconds[name] += timings[name][0]
       tokens[name] += int(np.sum(out[name].lengths))
     spec = out['speculative']
-    stats['accepted'] += int(np.sum(spec.draft_tokens_accepted))
-    stats['proposed'] += int(np.sum(spec.draft_tokens_proposed))
-    stats['calls'] += int(np.sum(spec.target_calls))
-    stats['verified'] += int(np.sum(spec.verified_positions))
-    stats['beta'] += float(np.nansum(np.asarray(spec.mean_beta) *
-                                     np.asarray(spec.verified_positions)))
+    speculative_results.append(spec)
     same = np.all(np.asarray(spec.tokens) == np.asarray(
         out['baseline'].tokens), axis=1)
     stats['identical'] += int(same.sum())
@@ -231,10 +226,7 @@ def compare_decoders(target: Model, draft: Model,
       on_batch(index, out['baseline'], spec)
   latency = {k: seconds[k] / max(tokens[k], 1) for k in seconds}
   return {
-      'alpha': stats['accepted'] / max(stats['proposed'], 1),
-      'alpha_beta': stats['beta'] / max(stats['verified'], 1),
-      'tokens_per_target_call': tokens['speculative'] / max(stats['calls'],
-                                                             1),
+      **analysis.summarize_result(speculative_results),
       'baseline_ms_per_token': 1e3 * latency['baseline'],
       'speculative_ms_per_token': 1e3 * latency['speculative'],
       'measured_speedup': latency['baseline'] / latency['speculative'],
@@ -282,20 +274,13 @@ def acceptance(target_spec: ModelSpec, draft_spec: ModelSpec, data: DataSpec,
   """Alpha of a draft against a target on held-out inputs (Table 3)."""
   target, draft = load_cached(target_spec), load_cached(draft_spec)
   enc, _ = data.load(num_examples)
-  accepted = proposed = verified = 0
-  beta = 0.0
-  for index, batch in enumerate(_batches(enc, batch_size)):
-    result = generation.generate(
-        target, batch, max_decode_len=max_decode_len,
-        temperature=temperature, draft=draft, gamma=gamma,
-        rng=jax.random.fold_in(jax.random.PRNGKey(seed), index))
-    accepted += int(np.sum(result.draft_tokens_accepted))
-    proposed += int(np.sum(result.draft_tokens_proposed))
-    verified += int(np.sum(result.verified_positions))
-    beta += float(np.nansum(np.asarray(result.mean_beta) *
-                            np.asarray(result.verified_positions)))
-  return {'alpha': accepted / max(proposed, 1),
-          'alpha_beta': beta / max(verified, 1)}
+  results = [
+      generation.generate(
+          target, batch, max_decode_len=max_decode_len,
+          temperature=temperature, draft=draft, gamma=gamma,
+          rng=jax.random.fold_in(jax.random.PRNGKey(seed), index))
+      for index, batch in enumerate(_batches(enc, batch_size))]
+  return analysis.summarize_result(results)
 
 
 def markdown_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str],

@@ -308,7 +308,7 @@ def _speculative_generate(target_config, draft_config, target_params,
       target_calls=state.target_calls,
       draft_tokens_proposed=state.proposed,
       draft_tokens_accepted=state.accepted,
-      acceptance_rate=state.accepted / state.proposed,
+      acceptance_rate=state.accepted / state.beta_count,
       mean_beta=state.beta_sum / state.beta_count,
       verified_positions=state.beta_count,
       num_iterations=state.iteration)

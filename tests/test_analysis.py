@@ -59,3 +59,27 @@ def test_bad_arguments():
     analysis.expected_tokens(1.5, 3)
   with pytest.raises(ValueError, match='gamma must be a non-negative integer'):
     analysis.expected_tokens(0.5, 2.5)
+
+
+def _result(accepted, examined, beta, lengths, calls):
+  from spec_decode.decoding import DecodeResult  # pylint: disable=g-import-not-at-top
+  rows = len(accepted)
+  return DecodeResult(
+      tokens=np.zeros((rows, 4), np.int32), lengths=np.array(lengths),
+      token_logprobs=np.zeros((rows, 4), np.float32),
+      target_calls=np.array(calls), draft_tokens_proposed=3 * np.array(calls),
+      draft_tokens_accepted=np.array(accepted),
+      acceptance_rate=np.array(accepted) / np.array(examined),
+      mean_beta=np.array(beta, np.float32),
+      verified_positions=np.array(examined), num_iterations=np.array(0))
+
+
+def test_alpha_counts_examined_tokens_and_pools_results():
+  # Row 0: 3 calls, 4 accepted of 6 examined; row 1: 2 calls, 1 of 3.
+  first = _result([4, 1], [6, 3], [0.5, 0.25], [7, 3], [3, 2])
+  second = _result([3], [3], [1.0], [4], [1])
+  summary = analysis.summarize_result([first, second])
+  assert summary['alpha'] == pytest.approx(8 / 12)  # not 8 / 18 proposed
+  assert summary['alpha_beta'] == pytest.approx((3 + 0.75 + 3) / 12)
+  assert summary['tokens_per_target_call'] == pytest.approx(14 / 6)
+  assert analysis.empirical_alpha(first) == pytest.approx(5 / 9)

@@ -68,3 +68,25 @@ def test_run_configs_build_offline(monkeypatch):
   gin.parse_config_files_and_bindings([path], [], finalize_config=False)
   assert gin_utils.build(main.MainConfig) == main.MainConfig()
   gin.clear_config()
+
+
+@pytest.mark.slow
+def test_cli_decodes_stdin_with_the_shipped_pair(tmp_path):
+  import json  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  outputs = {}
+  for name in ('baseline', 'speculative'):
+    path = tmp_path / f'{name}.jsonl'
+    result = subprocess.run(
+        [sys.executable, '-m', 'spec_decode.infer',
+         f'--gin_file=configs/runs/{name}.gin',
+         '--gin.infer.InferConfig.max_decode_len=16',
+         f'--output_file={path}'],
+        input='\n'.join(SOURCES[:2]) + '\n', capture_output=True, text=True,
+        cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    outputs[name] = [json.loads(line) for line in open(path)]
+  assert [r['input'] for r in outputs['baseline']] == SOURCES[:2]
+  assert ([r['output'] for r in outputs['speculative']] ==
+          [r['output'] for r in outputs['baseline']])

@@ -145,8 +145,12 @@ def test_statistics_are_consistent():
   np.testing.assert_array_equal(np.asarray(spec.draft_tokens_proposed),
                                 3 * calls)
   accepted = np.asarray(spec.draft_tokens_accepted)
+  examined = np.asarray(spec.verified_positions)
+  # An iteration examines its accepted tokens and the first rejected one.
+  assert (accepted <= examined).all() and (examined <= 3 * calls).all()
+  assert (examined <= accepted + calls).all()
   np.testing.assert_allclose(np.asarray(spec.acceptance_rate),
-                             accepted / (3 * calls))
+                             accepted / examined)
   # Each call emits its accepted tokens plus one, until the length limit.
   assert (np.asarray(spec.lengths) <= accepted + calls).all()
   beta = np.asarray(spec.mean_beta)
