@@ -36,9 +36,9 @@ TABLE2_COLUMNS = [
     'measured_over_predicted_with_verify_cost', 'identical_rows', 'rows',
     'paper_alpha', 'paper_speedup']
 TABLE3_COLUMNS = ['task', 'draft', 'temperature', 'alpha', 'alpha_beta']
-LENIENCE_COLUMNS = ['lenience', 'alpha', 'tokens_per_target_call',
-                    'measured_speedup', 'predicted_speedup_with_verify_cost',
-                    'identical_rows', 'rows']
+LENIENCE_COLUMNS = ['lenience', 'temperature', 'alpha', 'alpha_beta',
+                    'tokens_per_target_call', 'measured_speedup',
+                    'predicted_speedup_with_verify_cost']
 
 
 def row_files():

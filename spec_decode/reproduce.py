@@ -369,11 +369,16 @@ class Sweep:
     gammas: Draft lengths to try (gamma sweep).
     batch_sizes: Batch sizes to try (batch sweep).
     leniences: Lenience values to try (lenience trade-off, paper Table 5).
+    lenience_temperature: Temperature of the lenience sweep. Lenience
+      changes nothing under greedy decoding (p and q are one-hot, so a
+      mismatched draft token has p = 0 however lenient the rule), so it is
+      swept while sampling.
   """
   row: ComparisonRow
   gammas: Tuple[int, ...] = (1, 2, 3, 4, 5, 7, 10)
   batch_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
   leniences: Tuple[float, ...] = (1.0, 0.5, 0.3, 0.1)
+  lenience_temperature: float = 1.0
 
   def describe(self) -> str:
     return self.row.describe()
@@ -408,7 +413,8 @@ def batch_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
 
 def lenience_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
   """Alpha and speedup per lenience (lossy below 1)."""
-  return [measure_row(dataclasses.replace(sweep.row, lenience=lenience))
+  return [measure_row(dataclasses.replace(
+      sweep.row, lenience=lenience, temperature=sweep.lenience_temperature))
           for lenience in sweep.leniences]
 
 
