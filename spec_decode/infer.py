@@ -46,6 +46,10 @@ class InferConfig:
     input_length: Inputs are truncated and padded to this many tokens.
     max_decode_len: Output length limit.
     seed: Sampling seed.
+    vocabulary: SentencePiece model file of the target's vocabulary; None is
+      the shipped one (`spec_decode.pretrained.vocabulary()`). A T5X
+      checkpoint of T5 needs T5's own (`sentencepiece.model` of
+      `cc_all.32000`), copied locally.
   """
   target: reproduce.ModelSpec = reproduce.ModelSpec(
       label='local target', pretrained='t5_local_target')
@@ -59,6 +63,7 @@ class InferConfig:
   input_length: int = 64
   max_decode_len: int = 64
   seed: int = 0
+  vocabulary: Optional[str] = None
 
 
 def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
@@ -76,9 +81,20 @@ def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
     raise ValueError('sources: expected at least one input, got none.')
   if config.batch_size < 1:
     raise ValueError(f'batch_size must be >= 1, got {config.batch_size}.')
+  if config.vocabulary is None:
+    vocabulary = pretrained.vocabulary()
+  else:
+    from spec_decode.data.tokenizer import Vocabulary  # pylint: disable=g-import-not-at-top
+    vocabulary = Vocabulary(config.vocabulary)
   target = config.target.load()
   draft = config.draft.load() if config.draft is not None else None
-  vocabulary = pretrained.vocabulary()
+  # Models pad their embedding tables (T5's 32,100 pieces live in 32,128
+  # rows), so the vocabulary may be smaller than the model, never larger.
+  if vocabulary.vocab_size > target.config.vocab_size:
+    raise ValueError(
+        f'vocabulary has {vocabulary.vocab_size} pieces but the target only '
+        f'{target.config.vocab_size} embeddings; set vocabulary to the '
+        "target's SentencePiece model.")
   rng = jax.random.PRNGKey(config.seed)
   results = []
   for start in range(0, len(sources), config.batch_size):

@@ -50,6 +50,12 @@ def test_bad_input_is_named(tmp_path):
     infer.infer(infer.InferConfig(batch_size=0), ['x'])
 
 
+def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path):
+  small = _saved_model(str(tmp_path), 2, vocab_size=512)
+  with pytest.raises(ValueError, match='vocabulary has 8000 pieces'):
+    infer.infer(infer.InferConfig(target=small), SOURCES)
+
+
 def test_run_configs_build_offline(monkeypatch):
   import gin  # pylint: disable=g-import-not-at-top
   from spec_decode import gin_utils  # pylint: disable=g-import-not-at-top
