@@ -109,14 +109,15 @@ def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
         gamma=config.gamma)
     tokens = np.asarray(decoded.tokens)
     lengths = np.asarray(decoded.lengths)
+    calls = np.asarray(decoded.target_calls)
+    accepted = np.asarray(decoded.draft_tokens_accepted)
     texts = evaluation.decode_outputs(vocabulary, tokens)
     for row, source in enumerate(batch):
       result = {'input': source, 'output': texts[row],
                 'tokens': tokens[row, :lengths[row]].tolist(),
-                'target_calls': int(np.asarray(decoded.target_calls)[row])}
+                'target_calls': int(calls[row])}
       if draft is not None:
-        result['draft_tokens_accepted'] = int(
-            np.asarray(decoded.draft_tokens_accepted)[row])
+        result['draft_tokens_accepted'] = int(accepted[row])
       results.append(result)
   return results
 
