@@ -54,8 +54,22 @@ def training_summary(run_dir: str):
       'distilled': bool(config.get('distillation_dir')),
       'validation': {k: v for k, v in evals[-1].items()
                      if k.endswith(('/loss', '/accuracy'))} if evals else {},
-      'logged_seconds': records[-1]['time'] - records[0]['time'],
+      'logged_seconds': training_seconds(records),
   }, config
+
+
+def training_seconds(records) -> float:
+  """Wall-clock seconds between log records, without resumption pauses.
+
+  A run stopped and resumed later leaves one long gap between two records;
+  such a gap (over 5x the median interval) counts as one median interval.
+  """
+  times = np.array([r['time'] for r in records], np.float64)
+  gaps = np.diff(times)
+  if not len(gaps):
+    return 0.0
+  typical = float(np.median(gaps))
+  return float(np.sum(np.where(gaps > 5 * typical, typical, gaps)))
 
 
 def translation_metrics(model: Model, vocabulary, data_dir: str, count: int,

@@ -33,12 +33,15 @@ TABLE2_COLUMNS = [
     'tokens_per_target_call', 'c', 'verify_cost', 'baseline_ms_per_token',
     'speculative_ms_per_token', 'measured_speedup', 'predicted_speedup',
     'measured_over_predicted', 'predicted_speedup_with_verify_cost',
-    'measured_over_predicted_with_verify_cost', 'identical_rows', 'rows',
+    'measured_over_predicted_with_verify_cost',
+    'predicted_speedup_at_lengths', 'measured_over_predicted_at_lengths',
+    'identical_rows', 'rows',
     'paper_alpha', 'paper_speedup']
 TABLE3_COLUMNS = ['task', 'draft', 'temperature', 'alpha', 'alpha_beta']
 LENIENCE_COLUMNS = ['lenience', 'temperature', 'alpha', 'alpha_beta',
                     'tokens_per_target_call', 'measured_speedup',
-                    'predicted_speedup_with_verify_cost']
+                    'predicted_speedup_with_verify_cost',
+                    'predicted_speedup_at_lengths']
 
 
 def row_files():
@@ -74,7 +77,8 @@ def table_2():
     print(f"  alpha {result['alpha']:.3f}, measured "
           f"{result['measured_speedup']:.2f}x, predicted "
           f"{result['predicted_speedup']:.2f}x (with verify cost "
-          f"{result['predicted_speedup_with_verify_cost']:.2f}x)",
+          f"{result['predicted_speedup_with_verify_cost']:.2f}x, and at "
+          f"the outputs' lengths {result['predicted_speedup_at_lengths']:.2f}x)",
           flush=True)
   return results, TABLE2_COLUMNS
 

@@ -25,7 +25,8 @@ gin_utils.define_gin_flags()
 COLUMNS = ['gamma', 'batch_size', 'alpha', 'tokens_per_target_call', 'c',
            'verify_cost', 'baseline_ms_per_token', 'speculative_ms_per_token',
            'measured_speedup', 'predicted_speedup',
-           'predicted_speedup_with_verify_cost', 'identical_rows', 'rows']
+           'predicted_speedup_with_verify_cost', 'predicted_speedup_at_lengths',
+           'identical_rows', 'rows']
 
 
 def plot_gamma(rows, path):
@@ -43,6 +44,8 @@ def plot_gamma(rows, path):
   ax.plot(gammas, [analysis.walltime_improvement(alpha, g, c, verify[g])
                    for g in gammas], '--',
           label='with measured verification cost')
+  ax.plot(gammas, [r['predicted_speedup_at_lengths'] for r in rows], 'x',
+          label='... and the outputs\' real lengths')
   ax.plot(gammas, [r['measured_speedup'] for r in rows], 'o',
           label='measured')
   ax.axhline(1.0, color='gray', lw=0.5)

@@ -9,7 +9,7 @@ below relaxes that for machines where it does not hold, such as CPUs.
 """
 
 import functools
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -70,6 +70,70 @@ def walltime_improvement(alpha, gamma, c, verify_cost=1.0):
   """
   return expected_tokens(alpha, gamma) / (
       _check_gamma(gamma) * np.asarray(c, np.float64) + verify_cost)
+
+
+def expected_target_calls(alpha: float, gamma: int, length: int) -> float:
+  """E[target calls] to emit `length` tokens, when the output must stop there.
+
+  Eq. 1 counts tokens per call on an endless output. A real output stops at
+  EOS (or its length limit), so its last call keeps only the tokens up to
+  the end: short outputs get fewer tokens per call than Eq. 1 says, whatever
+  the implementation. With i.i.d. acceptance (the paper's assumption) a call
+  emits K = k tokens with probability alpha^(k-1) (1 - alpha) for k <= gamma
+  and alpha^gamma for k = gamma + 1; then
+  E[calls(n)] = 1 + sum_k P(K = k) E[calls(max(n - k, 0))], E[calls(0)] = 0.
+
+  Args:
+    alpha: Acceptance rate in [0, 1].
+    gamma: Draft tokens per iteration (>= 0).
+    length: Tokens to emit (>= 0).
+
+  Returns:
+    The expected number of target calls (`length` at alpha = 0).
+  """
+  alpha = float(_check_alpha(alpha))
+  gamma = int(_check_gamma(gamma))
+  length = int(length)
+  if length < 0:
+    raise ValueError(f'length must be >= 0, got {length}.')
+  # P(K = k) for k = 1 .. gamma + 1.
+  emitted = np.array([alpha ** (k - 1) * (1.0 - alpha) for k in
+                      range(1, gamma + 1)] + [alpha ** gamma])
+  calls = np.zeros(length + 1)
+  for n in range(1, length + 1):
+    rest = np.maximum(n - np.arange(1, gamma + 2), 0)
+    calls[n] = 1.0 + float(np.dot(emitted, calls[rest]))
+  return float(calls[length])
+
+
+def walltime_improvement_at_lengths(alpha: float, gamma: int, c: float,
+                                    lengths: Sequence[int],
+                                    verify_cost: float = 1.0) -> float:
+  """Theorem 3.8 for outputs of the given lengths instead of endless ones.
+
+  Baseline decoding takes one target step per token; speculative decoding
+  takes `expected_target_calls` iterations per output, each costing
+  gamma c + verify_cost target steps. Tends to `walltime_improvement` as the
+  lengths grow.
+
+  Args:
+    alpha: Acceptance rate.
+    gamma: Draft tokens per iteration.
+    c: Draft step time over target step time.
+    lengths: Output lengths in tokens (e.g. the baseline's, which greedy
+      speculative decoding reproduces).
+    verify_cost: Target call on gamma + 1 tokens over one step.
+
+  Returns:
+    sum(lengths) / (sum of expected calls x (gamma c + verify_cost)).
+  """
+  lengths = [int(n) for n in lengths]
+  if not lengths or sum(lengths) == 0:
+    raise ValueError('lengths must contain at least one non-zero length.')
+  calls = {n: expected_target_calls(alpha, gamma, n) for n in set(lengths)}
+  total_calls = sum(calls[n] for n in lengths)
+  return float(sum(lengths) / (total_calls * (gamma * float(c)
+                                              + float(verify_cost))))
 
 
 def optimal_gamma(alpha: float, c: float, max_gamma: int = 32,
@@ -151,49 +215,104 @@ def corollary_alpha(results: Union[DecodeResult, Sequence[DecodeResult]]
 
 
 @functools.lru_cache(maxsize=None)
-def _step_function(config):
-  # Compiled like the decoders, so c and the verification cost are those
-  # `generate` pays.
-  return compile_lib.decoder_jit(
-      lambda params, tokens, start, cache, encoded: decode_chunk(
-          config, params, tokens, start, cache, encoded))
+def _decode_steps_function(config, steps: int):
+  """A compiled loop of `steps` decoder calls, each fed the previous argmax.
+
+  Timing calls inside one compiled loop, as the decoders make them, leaves
+  out the per-call dispatch a separately jitted step would add (a large part
+  of a small draft's step on a CPU). Feeding each call the previous call's
+  argmax keeps the compiler from hoisting work out of the loop.
+  """
+
+  def run(params, tokens, start, cache, encoded):
+    chunk_len = tokens.shape[1]
+
+    def body(i, carry):
+      tokens, cache = carry
+      logits, cache = decode_chunk(config, params, tokens,
+                                   start + i * chunk_len, cache, encoded)
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+
+    return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
+
+  return compile_lib.decoder_jit(run)
 
 
-def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
-                         chunk_len: int = 1, repeats: int = 20,
-                         position: int = 8) -> float:
-  """Median time of one decoder call scoring `chunk_len` tokens per row."""
+def _timed_decoder_calls(model: Model, encoder_input_tokens: Any,
+                         chunk_len: int, position: int, steps: int
+                         ) -> Callable[[], Any]:
+  """A zero-argument callable running `steps` decoder calls of `chunk_len`."""
   enc = jnp.asarray(encoder_input_tokens, jnp.int32)
   batch = enc.shape[0]
   config = model.config
   encoded = jax.jit(functools.partial(prepare_decoding, config))(
       model.params, enc)
-  cache = init_cache(config, batch, position + chunk_len + 8)
-  step = _step_function(config)
+  cache = init_cache(config, batch, position + steps * chunk_len + 8)
+  run = _decode_steps_function(config, steps)
   tokens = jnp.ones((batch, chunk_len), jnp.int32)
   start = jnp.full((batch,), position, jnp.int32)
-  call = lambda: step(model.params, tokens, start, cache, encoded)
+  return lambda: run(model.params, tokens, start, cache, encoded)
+
+
+def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
+                         chunk_len: int = 1, repeats: int = 20,
+                         position: int = 8, steps: int = 8) -> float:
+  """Median time of one decoder call scoring `chunk_len` tokens per row.
+
+  Args:
+    model: The model.
+    encoder_input_tokens: int [batch, enc_len] inputs.
+    chunk_len: Tokens each call scores per row (1 for a decoding step,
+      gamma + 1 for a verification).
+    repeats: Timed runs (their median counts).
+    position: Decoder position of the first call.
+    steps: Calls per timed run, inside one compiled loop.
+
+  Returns:
+    Seconds per call.
+  """
+  call = _timed_decoder_calls(model, encoder_input_tokens, chunk_len,
+                              position, steps)
   return benchmark.median(benchmark.interleaved_timings(
-      {'step': call}, repeats, warmup=2)['step'])
+      {'calls': call}, repeats, warmup=2)['calls']) / steps
 
 
 def measure_costs(target: Model, draft: Model, encoder_input_tokens: Any,
-                  gamma: int, repeats: int = 20) -> Dict[str, float]:
+                  gamma: int, repeats: int = 20, steps: int = 8
+                  ) -> Dict[str, float]:
   """Measures c and the verification cost on this machine.
+
+  The three kinds of call are timed in turn (interleaved), each inside a
+  compiled loop of `steps` calls, so a noisy neighbour slows all of them
+  alike and per-call dispatch is left out, as inside the decoders.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    encoder_input_tokens: int [batch, enc_len] inputs.
+    gamma: Draft tokens per iteration (the target scores gamma + 1).
+    repeats: Timed runs per kind of call.
+    steps: Calls per timed run.
 
   Returns:
     `c`: draft step / target step (one token each); `verify_cost`: target
     call on gamma + 1 tokens / target step; and the raw seconds.
   """
-  target_step = decoder_step_seconds(target, encoder_input_tokens, 1,
-                                     repeats)
-  draft_step = decoder_step_seconds(draft, encoder_input_tokens, 1, repeats)
-  verify = decoder_step_seconds(target, encoder_input_tokens, gamma + 1,
-                                repeats)
-  return {'c': draft_step / target_step, 'verify_cost': verify / target_step,
-          'target_step_seconds': target_step,
-          'draft_step_seconds': draft_step,
-          'target_verify_seconds': verify}
+  calls = {
+      'target_step_seconds': (target, 1),
+      'draft_step_seconds': (draft, 1),
+      'target_verify_seconds': (target, gamma + 1),
+  }
+  timings = benchmark.interleaved_timings(
+      {name: _timed_decoder_calls(model, encoder_input_tokens, chunk_len,
+                                  8, steps)
+       for name, (model, chunk_len) in calls.items()}, repeats, warmup=2)
+  seconds = {name: benchmark.median(values) / steps
+             for name, values in timings.items()}
+  return {'c': seconds['draft_step_seconds'] / seconds['target_step_seconds'],
+          'verify_cost': (seconds['target_verify_seconds']
+                          / seconds['target_step_seconds']),
+          **seconds}
 
 
 def parameter_count(model: Model, decoder_only: bool = False) -> int:

@@ -48,6 +48,8 @@ class MainConfig:
       test samples.
     show_examples: Examples printed as text per task.
     seed: Sampling seed.
+    timing_repeats: Timed decodes per example and decoder, interleaved; the
+      median counts (shared machines are noisy).
   """
   target: str = 't5_local_target'
   draft: str = 't5_local_draft_tiny'
@@ -60,6 +62,7 @@ class MainConfig:
   data_dir: Optional[str] = None
   show_examples: int = 3
   seed: int = 0
+  timing_repeats: int = 3
 
 
 def _log(message: str) -> None:
@@ -85,9 +88,11 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
                                                    speculative.tokens)[0]})
 
   figures = reproduce.compare_decoders(
-      target, draft, [enc[i:i + 1] for i in range(len(enc))],
+      target, draft,
+      [evaluation.trim_padding(enc[i:i + 1]) for i in range(len(enc))],
       temperature=temperature, gamma=config.gamma,
-      max_decode_len=config.max_decode_len, seed=config.seed, on_batch=show)
+      max_decode_len=config.max_decode_len, seed=config.seed,
+      repeats=config.timing_repeats, on_batch=show)
   figures = reproduce.add_predictions(figures, config.gamma, costs)
   identical = figures['identical_rows'] == figures['rows']
   return {'task': task, 'temperature': temperature, 'gamma': config.gamma,
@@ -98,7 +103,7 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
 
 def format_table(rows: Sequence[Dict[str, object]]) -> str:
   header = ('task', 'T', 'greedy=', 'alpha', 'beta', 'tok/call', 'base ms',
-            'spec ms', 'speedup', 'pred', 'pred+v')
+            'spec ms', 'speedup', 'pred', 'pred+v', 'pred+v+n')
   lines = ['  '.join(f'{h:>9}' for h in header)]
   for row in rows:
     same = row['greedy_identical']
@@ -110,7 +115,8 @@ def format_table(rows: Sequence[Dict[str, object]]) -> str:
              f"{row['speculative_ms_per_token']:.2f}",
              f"{row['measured_speedup']:.2f}x",
              f"{row['predicted_speedup']:.2f}x",
-             f"{row['predicted_speedup_with_verify_cost']:.2f}x")
+             f"{row['predicted_speedup_with_verify_cost']:.2f}x",
+             f"{row['predicted_speedup_at_lengths']:.2f}x")
     lines.append('  '.join(f'{c:>9}' for c in cells))
   return '\n'.join(lines)
 
@@ -124,10 +130,10 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
   vocabulary = pretrained.vocabulary()
   _log(f'target: {target}')
   _log(f'draft:  {draft}')
-  probe = evaluation.encode_inputs(
+  probe = evaluation.trim_padding(evaluation.encode_inputs(
       vocabulary, config.tasks[0],
       [tasks.load_pairs(config.tasks[0], 'test', config.data_dir)[0][0]],
-      config.input_length)
+      config.input_length))
   costs = analysis.measure_costs(target, draft, probe, config.gamma)
   _log(f"c = {costs['c']:.4f} (draft step {1e3 * costs['draft_step_seconds']:.2f}"
        f" ms, target step {1e3 * costs['target_step_seconds']:.2f} ms); "
@@ -152,7 +158,9 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
         print()
   print(format_table(rows))
   print('\npred: Theorem 3.8 from measured alpha and c; pred+v: the same with '
-        'the measured cost of scoring gamma+1 tokens in one target call.')
+        'the measured cost of scoring gamma+1 tokens in one target call; '
+        'pred+v+n: also ending each output at its real length (the last '
+        'call of an output keeps only the tokens up to its end).')
   report = {'config': dataclasses.asdict(config), 'costs': costs,
             'device': jax.devices()[0].device_kind,
             'seconds': time.time() - start, 'rows': rows}

@@ -161,18 +161,25 @@ def load_cached(spec: ModelSpec) -> Model:
 
 
 def _batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
+  """Consecutive batches, each without padding columns it does not need."""
   count = (len(enc) // batch_size) * batch_size or batch_size
   if len(enc) < batch_size:  # Repeat inputs to fill one batch.
     enc = np.resize(enc, (batch_size, enc.shape[1]))
-  return [enc[i:i + batch_size] for i in range(0, count, batch_size)]
+  return [evaluation.trim_padding(enc[i:i + batch_size])
+          for i in range(0, count, batch_size)]
 
 
 def compare_decoders(target: Model, draft: Model,
                      batches: Sequence[np.ndarray], *, temperature: float,
                      gamma: int, max_decode_len: int, lenience: float = 1.0,
-                     seed: int = 0, on_batch: Optional[Callable[..., None]]
-                     = None) -> Dict[str, Any]:
+                     seed: int = 0, repeats: int = 3,
+                     on_batch: Optional[Callable[..., None]] = None
+                     ) -> Dict[str, Any]:
   """Baseline vs speculative decoding, interleaved per batch after warm-up.
+
+  Each batch is decoded `repeats` times by each decoder in turn (same inputs
+  and key, so the same outputs) and its median time counts, so one call
+  slowed down by another process on a shared machine does not move a row.
 
   Args:
     target: The target.
@@ -183,11 +190,13 @@ def compare_decoders(target: Model, draft: Model,
     max_decode_len: Output limit.
     lenience: 1.0 is exact.
     seed: Sampling seed (batch i uses fold_in(seed, i)).
+    repeats: Timed calls per batch and decoder (their median counts).
     on_batch: Called as on_batch(index, baseline_result, speculative_result).
 
   Returns:
     alpha (empirical and Corollary 3.6), tokens per target call, per-token
-    latencies, the measured speedup and how many rows were identical.
+    latencies, the measured speedup, how many rows were identical, and the
+    speculative output lengths (for `add_predictions`).
   """
   rng = jax.random.PRNGKey(seed)
   common = dict(max_decode_len=max_decode_len, temperature=temperature)
@@ -195,6 +204,7 @@ def compare_decoders(target: Model, draft: Model,
   tokens = {'baseline': 0, 'speculative': 0}
   stats = {'identical': 0, 'rows': 0}
   speculative_results = []
+  compiled_shapes = set()
   for index, batch in enumerate(batches):
     key = jax.random.fold_in(rng, index)
     out = {}
@@ -209,12 +219,14 @@ def compare_decoders(target: Model, draft: Model,
           lenience=lenience, **common)
       return out['speculative'].tokens
 
-    # The first batch also compiles both decoders, untimed.
+    # A batch of a shape not seen yet first compiles both decoders, untimed.
+    shape = np.shape(batch)
     timings = benchmark.interleaved_timings(
-        {'baseline': baseline, 'speculative': speculative}, repeats=1,
-        warmup=1 if index == 0 else 0)
+        {'baseline': baseline, 'speculative': speculative}, repeats=repeats,
+        warmup=0 if shape in compiled_shapes else 1)
+    compiled_shapes.add(shape)
     for name in seconds:
-      seconds[name] += timings[name][0]
+      seconds[name] += benchmark.median(timings[name])
       tokens[name] += int(np.sum(out[name].lengths))
     spec = out['speculative']
     speculative_results.append(spec)
@@ -231,26 +243,44 @@ def compare_decoders(target: Model, draft: Model,
       'speculative_ms_per_token': 1e3 * latency['speculative'],
       'measured_speedup': latency['baseline'] / latency['speculative'],
       'identical_rows': stats['identical'], 'rows': stats['rows'],
+      'output_lengths': [int(n) for r in speculative_results
+                         for n in np.asarray(r.lengths)],
   }
 
 
 def add_predictions(figures: Dict[str, Any], gamma: int,
                     costs: Dict[str, float]) -> Dict[str, Any]:
-  """Adds c, the verification cost and Theorem 3.8's predictions."""
-  predicted = analysis.predicted_speedup(figures['alpha'], gamma, costs,
-                                         False)
-  predicted_v = analysis.predicted_speedup(figures['alpha'], gamma, costs,
-                                           True)
+  """Adds c, the verification cost and the analysis' predictions.
+
+  Three predictions from the measured alpha and c, each charging one more
+  measured fact the paper's formula leaves out: `predicted_speedup` is
+  Theorem 3.8 as printed (scoring gamma + 1 tokens costs one target step,
+  outputs are endless); `predicted_speedup_with_verify_cost` charges the
+  measured cost of scoring gamma + 1 tokens; `predicted_speedup_at_lengths`
+  also ends each output where it really ended
+  (`analysis.walltime_improvement_at_lengths`). What separates the last one
+  from the measurement is the implementation's own overhead.
+  """
+  alpha = figures['alpha']
+  predicted = analysis.predicted_speedup(alpha, gamma, costs, False)
+  predicted_v = analysis.predicted_speedup(alpha, gamma, costs, True)
+  lengths = [n for n in figures.get('output_lengths', ()) if n > 0]
+  predicted_l = (analysis.walltime_improvement_at_lengths(
+      alpha, gamma, costs['c'], lengths, costs['verify_cost'])
+                 if lengths else None)
   measured = figures['measured_speedup']
   return {**figures, 'c': costs['c'], 'verify_cost': costs['verify_cost'],
           'predicted_speedup': predicted,
           'predicted_speedup_with_verify_cost': predicted_v,
+          'predicted_speedup_at_lengths': predicted_l,
           'measured_over_predicted': measured / predicted,
-          'measured_over_predicted_with_verify_cost': measured / predicted_v}
+          'measured_over_predicted_with_verify_cost': measured / predicted_v,
+          'measured_over_predicted_at_lengths': (
+              measured / predicted_l if predicted_l else None)}
 
 
 def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
-                seed: int = 0) -> Dict[str, Any]:
+                seed: int = 0, repeats: int = 3) -> Dict[str, Any]:
   """Measures one row: `compare_decoders` plus the analysis' prediction."""
   target, draft = load_cached(row.target), load_cached(row.draft)
   enc, _ = row.data.load(row.num_examples)
@@ -259,7 +289,8 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
     costs = analysis.measure_costs(target, draft, batches[0], row.gamma)
   figures = compare_decoders(
       target, draft, batches, temperature=row.temperature, gamma=row.gamma,
-      max_decode_len=row.max_decode_len, lenience=row.lenience, seed=seed)
+      max_decode_len=row.max_decode_len, lenience=row.lenience, seed=seed,
+      repeats=repeats)
   return {'row': row.name, 'temperature': row.temperature,
           'gamma': row.gamma, 'batch_size': row.batch_size,
           'lenience': row.lenience,

@@ -141,6 +141,7 @@ class _SpeculativeState:
   accepted: Array       # [batch] int32
   beta_sum: Array       # [batch] float32
   beta_count: Array     # [batch] int32
+  draft_behind: Array   # [batch] bool: draft cache lacks position n - 1
 
 
 def _slice_rows(array: Array, start: Array, size: int) -> Array:
@@ -156,25 +157,59 @@ def _write_rows(array: Array, values: Array, start: Array) -> Array:
           array, values, start)
 
 
-def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
-                     gamma: int, sampling: SamplingConfig):
-  """Runs the draft gamma steps from each row's current length.
+def _draft_first_step(config, params, encoded, cache, inputs, lengths,
+                      catch_up: Array):
+  """The draft's logits at each row's position n, and its updated cache.
 
-  The first step feeds the last two tokens (positions n-1 and n): when the
-  previous iteration accepted all gamma tokens, the draft never saw its own
-  last proposal, and re-writing an already valid slot is harmless.
+  Normally the draft's cache already holds every position before n (it fed
+  them while proposing), so one token (position n) is fed. After an
+  iteration that accepted all gamma proposals the draft never fed its own
+  last proposal (position n - 1), so then the last two tokens are fed; the
+  wider call is only paid when some row needs it (`lax.cond`), and re-writing
+  an already valid slot for the other rows is harmless.
+
+  Args:
+    config: The draft's config.
+    params: The draft's parameters.
+    encoded: The draft's `EncodedInputs`.
+    cache: The draft's cache.
+    inputs: int32 [batch, buffer + 1]: 0 then the emitted tokens.
+    lengths: int32 [batch] emitted tokens n.
+    catch_up: bool [] whether some row's cache lacks position n - 1.
+
+  Returns:
+    float32 logits [batch, vocab] at position n, and the cache.
+  """
+
+  def feed_last_two(cache):
+    start = jnp.maximum(lengths - 1, 0)
+    logits, cache = decode_chunk(config, params,
+                                 _slice_rows(inputs, start, 2), start, cache,
+                                 encoded)
+    # Position n is chunk index 1, except at n = 0 where it is index 0.
+    return jnp.take_along_axis(logits, (lengths - start)[:, None, None],
+                               axis=1)[:, 0], cache
+
+  def feed_last(cache):
+    logits, cache = decode_chunk(config, params,
+                                 _slice_rows(inputs, lengths, 1), lengths,
+                                 cache, encoded)
+    return logits[:, 0], cache
+
+  return jax.lax.cond(catch_up, feed_last_two, feed_last, cache)
+
+
+def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
+                     catch_up: Array, gamma: int, sampling: SamplingConfig):
+  """Runs the draft gamma steps from each row's current length.
 
   Returns:
     tokens int32 [batch, gamma], probs float32 [batch, gamma, vocab] they
     were drawn from, and the draft cache.
   """
   step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
-  start = jnp.maximum(lengths - 1, 0)
-  logits, cache = decode_chunk(config, params, _slice_rows(inputs, start, 2),
-                               start, cache, encoded)
-  # Position n is chunk index 1, except at n = 0 where it is index 0.
-  logits = jnp.take_along_axis(logits, (lengths - start)[:, None, None],
-                               axis=1)[:, 0]
+  logits, cache = _draft_first_step(config, params, encoded, cache, inputs,
+                                    lengths, catch_up)
   logprobs = sampling_lib.process_logits(logits, sampling)
   token = sampling_lib.sample_tokens(step_keys[:, 0], logprobs,
                                      sampling.greedy)
@@ -231,7 +266,8 @@ def _speculative_generate(target_config, draft_config, target_params,
 
     draft_tokens, draft_probs, draft_cache = _draft_proposals(
         draft_config, draft_params, draft_encoded, state.draft_cache,
-        state.inputs, n, draft_keys, gamma, sampling)
+        state.inputs, n, draft_keys, jnp.any(state.draft_behind & active),
+        gamma, sampling)
 
     # One target call scores the last token and all gamma proposals.
     last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
@@ -287,7 +323,8 @@ def _speculative_generate(target_config, draft_config, target_params,
         accepted=state.accepted + num_accepted * active_int,
         beta_sum=state.beta_sum + jnp.sum(jnp.where(examined, beta, 0.0),
                                           axis=1),
-        beta_count=state.beta_count + jnp.sum(examined, axis=1))
+        beta_count=state.beta_count + jnp.sum(examined, axis=1),
+        draft_behind=num_accepted == gamma)
 
   zeros = jnp.zeros((batch,), jnp.int32)
   state = _SpeculativeState(
@@ -299,7 +336,8 @@ def _speculative_generate(target_config, draft_config, target_params,
       target_cache=init_cache(target_config, batch, cache_len),
       draft_cache=init_cache(draft_config, batch, cache_len),
       target_calls=zeros, proposed=zeros, accepted=zeros,
-      beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros)
+      beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros,
+      draft_behind=jnp.zeros((batch,), jnp.bool_))
   state = jax.lax.while_loop(cond, body, state)
   return DecodeResult(
       tokens=state.inputs[:, 1:max_decode_len + 1],

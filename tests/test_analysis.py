@@ -41,6 +41,51 @@ def test_walltime_improvement_theorem_3_8():
       pytest.approx(analysis.expected_tokens(0.75, 7) / 2)
 
 
+def test_expected_target_calls_for_outputs_that_end():
+  # Extremes: nothing accepted is one call per token; everything accepted
+  # is ceil(n / (gamma + 1)) calls.
+  assert analysis.expected_target_calls(0.0, 3, 7) == pytest.approx(7.0)
+  assert analysis.expected_target_calls(1.0, 3, 9) == pytest.approx(3.0)
+  assert analysis.expected_target_calls(0.6, 3, 0) == 0.0
+  # A long output approaches Eq. 1: n / E[tokens per call].
+  long = analysis.expected_target_calls(0.6, 3, 2000)
+  assert long * analysis.expected_tokens(0.6, 3) / 2000 == pytest.approx(
+      1.0, abs=2e-3)
+  # A short one needs more calls than Eq. 1 says (its last call is cut).
+  assert analysis.expected_target_calls(0.6, 3, 14) > \
+      14 / analysis.expected_tokens(0.6, 3)
+
+
+def test_expected_target_calls_matches_simulation():
+  rng = np.random.default_rng(0)
+  alpha, gamma, length, trials = 0.7, 4, 13, 20000
+  calls = np.zeros(trials)
+  for trial in range(trials):
+    emitted = 0
+    while emitted < length:
+      accepted = 0
+      while accepted < gamma and rng.random() < alpha:
+        accepted += 1
+      emitted += accepted + 1
+      calls[trial] += 1
+  expected = analysis.expected_target_calls(alpha, gamma, length)
+  assert abs(calls.mean() - expected) < 4 * calls.std() / np.sqrt(trials)
+
+
+def test_walltime_improvement_at_lengths():
+  endless = analysis.walltime_improvement(0.6, 3, 0.05, 1.2)
+  short = analysis.walltime_improvement_at_lengths(0.6, 3, 0.05, [10, 14],
+                                                   1.2)
+  long = analysis.walltime_improvement_at_lengths(0.6, 3, 0.05, [5000], 1.2)
+  assert short < long
+  assert long == pytest.approx(endless, rel=2e-3)
+  # Pooled: total tokens over total expected calls.
+  calls = sum(analysis.expected_target_calls(0.6, 3, n) for n in (10, 14))
+  assert short == pytest.approx(24 / (calls * (3 * 0.05 + 1.2)))
+  with pytest.raises(ValueError, match='lengths'):
+    analysis.walltime_improvement_at_lengths(0.6, 3, 0.05, [])
+
+
 def test_optimal_gamma():
   # Larger alpha or cheaper drafts favour longer drafts.
   assert analysis.optimal_gamma(0.9, 0.01) > analysis.optimal_gamma(0.6, 0.01)
