@@ -259,7 +259,8 @@ def add_predictions(figures: Dict[str, Any], gamma: int,
   measured cost of scoring gamma + 1 tokens; `predicted_speedup_at_lengths`
   also ends each output where it really ended
   (`analysis.walltime_improvement_at_lengths`). What separates the last one
-  from the measurement is the implementation's own overhead.
+  from the measurement is the loops' own overhead and the encoder pass that
+  both decoders pay once per call.
   """
   alpha = figures['alpha']
   predicted = analysis.predicted_speedup(alpha, gamma, costs, False)
