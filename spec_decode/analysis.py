@@ -238,6 +238,13 @@ def _decode_steps_function(config, steps: int):
   return compile_lib.decoder_jit(run)
 
 
+@functools.lru_cache(maxsize=None)
+def _prepare_function(config):
+  # One compiled encoder per config, not one per timing (a new `partial`
+  # each time would be traced and compiled again).
+  return jax.jit(functools.partial(prepare_decoding, config))
+
+
 def _timed_decoder_calls(model: Model, encoder_input_tokens: Any,
                          chunk_len: int, position: int, steps: int
                          ) -> Callable[[], Any]:
@@ -245,8 +252,7 @@ def _timed_decoder_calls(model: Model, encoder_input_tokens: Any,
   enc = jnp.asarray(encoder_input_tokens, jnp.int32)
   batch = enc.shape[0]
   config = model.config
-  encoded = jax.jit(functools.partial(prepare_decoding, config))(
-      model.params, enc)
+  encoded = _prepare_function(config)(model.params, enc)
   cache = init_cache(config, batch, position + steps * chunk_len + 8)
   run = _decode_steps_function(config, steps)
   tokens = jnp.ones((batch, chunk_len), jnp.int32)

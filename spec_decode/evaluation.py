@@ -38,8 +38,8 @@ def trim_padding(encoder_input_tokens: np.ndarray,
     int [batch, kept_length] with kept_length <= length.
   """
   tokens = np.asarray(encoder_input_tokens)
-  used = int(np.max(np.sum(np.cumsum(tokens[:, ::-1] != 0, axis=1) > 0,
-                           axis=1), initial=1))
+  # 1 + the last column holding a token in any row (at least 1).
+  used = int(np.max(np.flatnonzero(tokens.any(axis=0)), initial=0)) + 1
   kept = min(tokens.shape[1], max(multiple, -(-used // multiple) * multiple))
   return tokens[:, :kept]
 
