@@ -1,6 +1,7 @@
 r"""Builds the drafts' training data from a trained target.
 
   python scripts/distill.py --target_dir=runs/target --output_dir=data/distill
+  python scripts/distill.py --target=t5_local_target   # the shipped target
 
 For each task: the target's greedy outputs on (a subset of) the training
 inputs, and the target's top-k distribution at every output position. Drafts
@@ -18,11 +19,16 @@ import numpy as np
 from spec_decode import checkpoints
 from spec_decode import distill
 from spec_decode import model as model_lib
+from spec_decode import pretrained
 from spec_decode.data import tasks
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('target_dir', 'runs/target',
                     'Training folder (or checkpoint) of the target.')
+flags.DEFINE_string('target', None,
+                    'A shipped target (spec_decode.pretrained name) to '
+                    'distill instead of --target_dir: the drafts then learn '
+                    'the very weights they will be paired with.')
 flags.DEFINE_string('data_dir', 'data', 'Folder from prepare_data.py.')
 flags.DEFINE_string('output_dir', 'data/distill', 'Where to write.')
 flags.DEFINE_multi_string('task', ['translate_en_de', 'summarize'], 'Tasks.')
@@ -47,7 +53,10 @@ def load_trained(path: str) -> model_lib.Model:
 
 def main(argv):
   del argv
-  target = load_trained(FLAGS.target_dir)
+  if FLAGS.target:
+    target = pretrained.load(FLAGS.target)
+  else:
+    target = load_trained(FLAGS.target_dir)
   print(f'target: {target}', flush=True)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   counts = np.zeros(target.config.vocab_size, np.int64)

@@ -1,6 +1,8 @@
 r"""Exports trained models into the package (bfloat16, T5X format) + manifest.
 
   python scripts/export_models.py            # after train.py and distill.py
+  python scripts/export_models.py --models=t5_local_draft_tiny   # one model
+
 
 Each model is written as a T5X checkpoint (gzip zarr leaves) under
 spec_decode/pretrained/assets/<name>/ and described in manifest.json (config,
@@ -31,6 +33,8 @@ flags.DEFINE_string('data_dir', 'data', 'Folder from prepare_data.py.')
 flags.DEFINE_string('distill_dir', 'data/distill', 'From distill.py.')
 flags.DEFINE_integer('eval_examples', 400, 'En->De test examples scored.')
 flags.DEFINE_integer('batch_size', 50, 'Decoding batch size for scoring.')
+flags.DEFINE_list('models', None, 'Names to export (default: all); the '
+                  "others' manifest entries are kept as they are.")
 
 # name -> (training folder or None, role)
 MODELS = {
@@ -96,8 +100,17 @@ def translation_metrics(model: Model, vocabulary, data_dir: str, count: int,
 def main(argv):
   del argv
   vocabulary = pretrained.vocabulary()
+  names = FLAGS.models or list(MODELS)
+  unknown = sorted(set(names) - set(MODELS))
+  if unknown:
+    raise app.UsageError(f'--models: unknown {unknown}; expected names from '
+                         f'{sorted(MODELS)}.')
   manifest = {}
-  for name, (run, role) in MODELS.items():
+  if FLAGS.models and os.path.exists(pretrained.MANIFEST_PATH):
+    with open(pretrained.MANIFEST_PATH) as f:
+      manifest = json.load(f)
+  for name in names:
+    run, role = MODELS[name]
     start = time.time()
     if run is None:
       counts = np.load(os.path.join(FLAGS.distill_dir, 'unigram_counts.npy'))
@@ -138,6 +151,7 @@ def main(argv):
     print(f"{name}: {count:,} parameters, chrF {metrics['chrf']:.1f}, "
           f"BLEU {metrics['bleu']:.1f} ({time.time() - start:.0f} s)",
           flush=True)
+  manifest = {name: manifest[name] for name in MODELS if name in manifest}
   with open(pretrained.MANIFEST_PATH, 'w') as f:
     json.dump(manifest, f, indent=1, ensure_ascii=False)
   print('wrote', pretrained.MANIFEST_PATH)
