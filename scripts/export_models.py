@@ -3,7 +3,6 @@ r"""Exports trained models into the package (bfloat16, T5X format) + manifest.
   python scripts/export_models.py            # after train.py and distill.py
   python scripts/export_models.py --models=t5_local_draft_tiny   # one model
 
-
 Each model is written as a T5X checkpoint (gzip zarr leaves) under
 spec_decode/pretrained/assets/<name>/ and described in manifest.json (config,
 role, parameter counts, training time, validation loss, translation scores on
