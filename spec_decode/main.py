@@ -88,8 +88,7 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
                                                    speculative.tokens)[0]})
 
   figures = reproduce.compare_decoders(
-      target, draft,
-      [evaluation.trim_padding(enc[i:i + 1]) for i in range(len(enc))],
+      target, draft, reproduce.timing_batches(enc, 1),
       temperature=temperature, gamma=config.gamma,
       max_decode_len=config.max_decode_len, seed=config.seed,
       repeats=config.timing_repeats, on_batch=show)

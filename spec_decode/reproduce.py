@@ -160,8 +160,17 @@ def load_cached(spec: ModelSpec) -> Model:
   return _MODELS[spec]
 
 
-def _batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
-  """Consecutive batches, each without padding columns it does not need."""
+def timing_batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
+  """Consecutive batches, each without padding columns it does not need.
+
+  Args:
+    enc: int [examples, length] encoder inputs, 0-padded on the right.
+    batch_size: Rows per batch; a remainder that does not fill a batch is
+      dropped, and fewer examples than one batch are repeated to fill it.
+
+  Returns:
+    int [batch_size, <= length] batches (`evaluation.trim_padding`).
+  """
   count = (len(enc) // batch_size) * batch_size or batch_size
   if len(enc) < batch_size:  # Repeat inputs to fill one batch.
     enc = np.resize(enc, (batch_size, enc.shape[1]))
@@ -285,7 +294,7 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
   """Measures one row: `compare_decoders` plus the analysis' prediction."""
   target, draft = load_cached(row.target), load_cached(row.draft)
   enc, _ = row.data.load(row.num_examples)
-  batches = _batches(enc, row.batch_size)
+  batches = timing_batches(enc, row.batch_size)
   if costs is None:
     costs = analysis.measure_costs(target, draft, batches[0], row.gamma)
   figures = compare_decoders(
@@ -311,7 +320,7 @@ def acceptance(target_spec: ModelSpec, draft_spec: ModelSpec, data: DataSpec,
           target, batch, max_decode_len=max_decode_len,
           temperature=temperature, draft=draft, gamma=gamma,
           rng=jax.random.fold_in(jax.random.PRNGKey(seed), index))
-      for index, batch in enumerate(_batches(enc, batch_size))]
+      for index, batch in enumerate(timing_batches(enc, batch_size))]
   return analysis.summarize_result(results)
 
 
