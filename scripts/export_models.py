@@ -56,7 +56,8 @@ def training_summary(run_dir: str):
       'batch_tokens': config['batch_tokens'],
       'distilled': bool(config.get('distillation_dir')),
       'validation': {k: v for k, v in evals[-1].items()
-                     if k.endswith(('/loss', '/accuracy'))} if evals else {},
+                     if k.endswith(('/loss', '/accuracy',
+                                    '/target_agreement'))} if evals else {},
       'logged_seconds': training_seconds(records),
   }, config
 

@@ -1,8 +1,9 @@
-r"""Trains a model with a gin config (resumes from --gin.TrainConfig.model_dir).
+r"""Trains a model with a gin config (resumes from the run's model_dir).
 
   python scripts/train.py --gin_file=configs/train/target.gin
   python scripts/train.py --gin_file=configs/train/target.gin \
-      --gin.TrainConfig.num_steps=100 --gin.TrainConfig.model_dir="'/tmp/t'"
+      --gin.train.TrainConfig.num_steps=100 --gin.MODEL_DIR="'/tmp/t'" \
+      --gin.config.T5Config.dropout_rate=0.1
 """
 
 from absl import flags
@@ -17,7 +18,7 @@ gin_utils.define_gin_flags()
 
 def main(argv):
   del argv
-  gin_utils.parse_gin_flags(modules=['train'])
+  gin_utils.parse_gin_flags(modules=['train', 'model.config'])
   config = gin_utils.build(train.TrainConfig)
   print(gin.config_str(), flush=True)
   train.train(config)

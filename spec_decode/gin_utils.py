@@ -118,14 +118,17 @@ def parse_gin_flags(modules: Sequence[str] = (),
   Args:
     modules: `spec_decode` submodules to register for bindings given on the
       command line alone (e.g. 'main' makes `--gin.main.MainConfig.X=V`
-      work without a gin file).
+      work without a gin file; 'model.config' makes `--gin.config.X=V`
+      work).
     extra_files: gin files parsed before --gin_file.
     extra_bindings: Bindings parsed before --gin_bindings.
   """
   files = list(extra_files) + list(flags.FLAGS.gin_file)
   for path in config_search_paths(files):
     gin.add_config_file_search_path(path)
-  preamble = ''.join(f'from spec_decode import {m}\n' for m in modules)
+  preamble = ''.join(
+      'from {} import {}\n'.format(*f'spec_decode.{m}'.rsplit('.', 1))
+      for m in modules)
   if preamble:
     preamble = 'from __gin__ import dynamic_registration\n' + preamble
   bindings = ([preamble] if preamble else []) + list(extra_bindings) + list(

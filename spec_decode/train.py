@@ -8,7 +8,9 @@ The same code runs unchanged on a GPU, where it is far faster.
 
 Drafts can be distilled: examples may carry the teacher's top-k next-token
 distribution at every target position, and the loss mixes cross-entropy on
-the teacher's tokens with cross-entropy against its distribution.
+the teacher's tokens with cross-entropy against its distribution. A draft's
+evaluation then also reports its agreement with the target on validation
+inputs, the figure that predicts speculative decoding's acceptance rate.
 """
 
 import dataclasses
@@ -28,6 +30,7 @@ import optax
 from spec_decode import checkpoints
 from spec_decode.data import tasks
 from spec_decode.model import init_params
+from spec_decode.model import Model
 from spec_decode.model import T5Config
 from spec_decode.model.network import Transformer
 
@@ -66,7 +69,8 @@ class TrainConfig:
     data_dir: Folder written by scripts/prepare_data.py.
     mixture: task -> sampling rate of its training examples.
     distillation_dir: If set, train on `<dir>/<task>_train.npz` (teacher
-      outputs) with soft targets from `<dir>/<task>_train_teacher.npz`.
+      outputs) with soft targets from `<dir>/<task>_train_teacher.npz`, and
+      report agreement with `<dir>/<task>_validation.npz` where it exists.
     soft_target_weight: Weight of the soft (distribution) loss in [0, 1].
     batch_tokens: Padded tokens (input + target) per batch.
     max_input_length: Inputs are truncated to this many tokens (a multiple
@@ -179,9 +183,12 @@ def make_train_step(config: TrainConfig, optimizer):
   """The jitted update: forward, loss, gradients, Adafactor."""
   model = Transformer(config.model)
 
-  def loss_fn(params, batch):
+  def loss_fn(params, batch, dropout_rng=None):
+    # Evaluation passes no rng: the deterministic model.
+    rngs = None if dropout_rng is None else {'dropout': dropout_rng}
     logits = model.apply({'params': params}, batch['inputs'],
-                         _shift_right(batch['targets']))
+                         _shift_right(batch['targets']),
+                         enable_dropout=rngs is not None, rngs=rngs)
     return cross_entropy_with_z_loss(
         logits, batch['targets'], (batch['targets'] > 0).astype(jnp.float32),
         config.z_loss, batch.get('soft_ids'), batch.get('soft_probs'),
@@ -189,8 +196,12 @@ def make_train_step(config: TrainConfig, optimizer):
 
   @jax.jit
   def train_step(state: TrainState, batch):
+    # A function of (seed, step): a resumed run drops what a straight one
+    # would.
+    dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed),
+                                     state.step)
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, batch)
+        state.params, batch, dropout_rng)
     updates, opt_state = optimizer.update(grads, state.opt_state,
                                           state.params)
     params = optax.apply_updates(state.params, updates)
@@ -351,6 +362,55 @@ def load_splits(config: TrainConfig, split: str
   return splits, teacher
 
 
+def load_trained(path: str, eos_id: int = 1) -> Model:
+  """A float32 model from a training folder (or one of its checkpoints).
+
+  Args:
+    path: A `model_dir` written by `train`, or a `checkpoint_<step>` folder
+      inside one; a folder loads its newest checkpoint.
+    eos_id: The vocabulary's EOS id.
+
+  Returns:
+    The model, with the architecture the run's config.json records.
+  """
+  path = path.rstrip('/')
+  run_dir = (os.path.dirname(path)
+             if os.path.basename(path).startswith('checkpoint_') else path)
+  config_path = os.path.join(run_dir, 'config.json')
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f'{config_path} does not exist: expected a '
+                            'training folder written by scripts/train.py.')
+  with open(config_path) as f:
+    fields = json.load(f)['model']
+  config = T5Config(**{**fields, 'dtype': 'float32'})
+  params = checkpoints.load_t5x_checkpoint(path, config, dtype='float32')
+  return Model(config, params, eos_id=eos_id)
+
+
+def load_agreement_splits(config: TrainConfig
+                          ) -> Optional[Dict[str, tasks.TokenizedSplit]]:
+  """The teacher's greedy outputs on validation inputs, if distilled.
+
+  Args:
+    config: The run's config.
+
+  Returns:
+    task -> split of `<distillation_dir>/<task>_validation.npz` for every
+    task of the mixture, or None without a distillation folder or when a
+    task's file is missing (folders written before scripts/distill.py wrote
+    validation outputs).
+  """
+  if not config.distillation_dir:
+    return None
+  paths = {name: os.path.join(config.distillation_dir,
+                              f'{name}_validation.npz')
+           for name in config.mixture}
+  if not all(os.path.isfile(path) for path in paths.values()):
+    return None
+  return {name: tasks.TokenizedSplit.load(path)
+          for name, path in paths.items()}
+
+
 def evaluate(eval_step, params, sampler: BatchSampler, mixture,
              count: int) -> Dict[str, float]:
   """Validation loss and token accuracy per task."""
@@ -368,6 +428,23 @@ def evaluate(eval_step, params, sampler: BatchSampler, mixture,
   return results
 
 
+def evaluate_agreement(eval_step, params, sampler: BatchSampler, mixture,
+                       count: int) -> Dict[str, float]:
+  """Teacher-forced argmax agreement with the teacher's greedy outputs.
+
+  At each position of the teacher's greedy output the draft's argmax either
+  is the teacher's token or not; greedy speculative decoding accepts a draft
+  token exactly when it is. So this token accuracy, on inputs neither model
+  trained on, estimates the paper's alpha at temperature 0 without decoding.
+
+  Returns:
+    `<task>/target_agreement` per task.
+  """
+  metrics = evaluate(eval_step, params, sampler, mixture, count)
+  return {f'{name}/target_agreement': metrics[f'{name}/accuracy']
+          for name in sorted(mixture)}
+
+
 def train(config: TrainConfig) -> Dict[str, float]:
   """Trains (or resumes) a model; returns the final validation metrics."""
   os.makedirs(config.model_dir, exist_ok=True)
@@ -381,6 +458,16 @@ def train(config: TrainConfig) -> Dict[str, float]:
   eval_sampler = BatchSampler(eval_splits, config.mixture,
                               config.batch_tokens, config.seed,
                               max_input_length=config.max_input_length)
+  agreement_splits = load_agreement_splits(config)
+  agreement_sampler = None
+  if agreement_splits:
+    agreement_sampler = BatchSampler(
+        agreement_splits, config.mixture, config.batch_tokens, config.seed,
+        max_input_length=config.max_input_length)
+  if config.distillation_dir and not agreement_sampler:
+    print(f'{config.distillation_dir} has no <task>_validation.npz for every '
+          'task; target agreement is not reported (re-run '
+          'scripts/distill.py to write them).', flush=True)
   optimizer = make_optimizer(config)
   train_step, eval_step = make_train_step(config, optimizer)
 
@@ -429,6 +516,10 @@ def train(config: TrainConfig) -> Dict[str, float]:
       if done % config.eval_every == 0 or done == config.num_steps:
         record.update(evaluate(eval_step, state.params, eval_sampler,
                                config.mixture, config.eval_examples))
+        if agreement_sampler:
+          record.update(evaluate_agreement(
+              eval_step, state.params, agreement_sampler, config.mixture,
+              config.eval_examples))
         metrics = record
       print(json.dumps(record), flush=True)
       with open(log_path, 'a') as f:

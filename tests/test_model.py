@@ -12,6 +12,7 @@ from spec_decode.model.layers import relative_position_bucket
 from spec_decode.model.layers import relative_position_bucket_jnp
 from spec_decode.model.model import decode_chunk
 from spec_decode.model.model import prepare_decoding
+from spec_decode.model.network import Transformer
 
 from conftest import golden
 from conftest import random_inputs
@@ -295,3 +296,25 @@ def test_logits_reject_bad_token_arrays():
     model.logits(ok + 512, ok)
   with pytest.raises(ValueError, match='batch'):
     model.logits(ok, np.zeros((3, 3), np.int32))
+
+
+def test_dropout_acts_in_training_only():
+  model = random_model(0, dropout_rate=0.3)
+  enc, dec = random_inputs(2, 6, 512, seed=1), random_inputs(2, 5, 512, seed=2)
+  without = random_model(0)  # Same params, dropout_rate 0.
+  # Scoring and decoding never drop out: the rate changes nothing there.
+  np.testing.assert_array_equal(model.logits(enc, dec),
+                                without.logits(enc, dec))
+  np.testing.assert_array_equal(
+      sd.generate(model, enc, max_decode_len=6).tokens,
+      sd.generate(without, enc, max_decode_len=6).tokens)
+  network = Transformer(model.config)
+  train = lambda seed: network.apply(
+      {'params': model.params}, enc, dec, enable_dropout=True,
+      rngs={'dropout': jax.random.PRNGKey(seed)})
+  np.testing.assert_array_equal(train(0), train(0))
+  assert np.abs(np.asarray(train(0)) - np.asarray(train(1))).max() > 1e-3
+  assert np.abs(np.asarray(train(0)) -
+                np.asarray(model.logits(enc, dec))).max() > 1e-3
+  with pytest.raises(ValueError, match=r'dropout_rate must be in \[0, 1\)'):
+    sd.T5Config(dropout_rate=1.0)

@@ -1,6 +1,9 @@
 """Training: the loss, reproducible bucketed batches, resumable runs."""
 
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -46,7 +49,7 @@ def _config(tmp_path, data_dir, name, steps):
   return train.TrainConfig(
       model=T5Config(vocab_size=8000, emb_dim=16, num_heads=2, head_dim=8,
                      mlp_dim=32, num_encoder_layers=1, num_decoder_layers=1,
-                     dtype='float32'),
+                     dtype='float32', dropout_rate=0.1),
       model_dir=str(tmp_path / name), data_dir=data_dir,
       mixture={'translate_en_de': 1.0}, batch_tokens=512, num_steps=steps,
       learning_rate=0.05, warmup_steps=2, eval_examples=16, eval_every=4,
@@ -84,3 +87,86 @@ def test_training_reduces_loss_and_resumes_exactly(tmp_path):
   assert len(log) == 4
   assert straight['train_loss'] < 9.0  # Started near log(8000) = 9.0.
   assert os.path.isdir(tmp_path / 'straight' / 'checkpoint_8')
+
+
+@pytest.mark.slow
+def test_distilled_training_reports_agreement_with_the_teacher(tmp_path):
+  data_dir = _tiny_data(tmp_path)
+  distill_dir = tmp_path / 'distill'
+  os.makedirs(distill_dir)
+  # Stand-ins for the teacher's outputs: the sample's own targets.
+  for split in ('train', 'validation'):
+    tasks.TokenizedSplit.load(
+        tasks.tokenized_path(data_dir, 'translate_en_de', split)).save(
+            str(distill_dir / f'translate_en_de_{split}.npz'))
+  outputs = tasks.TokenizedSplit.load(
+      str(distill_dir / 'translate_en_de_train.npz'))
+  train.DistillationTargets(
+      ids=outputs.targets[:, None].astype(np.uint16),
+      probs=np.ones((len(outputs.targets), 1), np.float16)).save(
+          str(distill_dir / 'translate_en_de_train_teacher.npz'))
+  config = train.TrainConfig(**{
+      **_config(tmp_path, data_dir, 'draft', 4).__dict__,
+      'distillation_dir': str(distill_dir)})
+  metrics = train.train(config)
+
+  # The figure is the trained draft's teacher-forced argmax agreement with
+  # the teacher's validation outputs, computed here without the trainer.
+  draft = train.load_trained(str(tmp_path / 'draft'))
+  assert draft.config == config.model
+  validation = tasks.TokenizedSplit.load(
+      str(distill_dir / 'translate_en_de_validation.npz'))
+  agree = total = 0
+  for index in range(config.eval_examples):
+    target = validation.target(index)[None].astype(np.int32)
+    logits = draft.logits(validation.input(index)[None].astype(np.int32),
+                          np.pad(target, ((0, 0), (1, 0)))[:, :-1])
+    agree += int(np.sum(np.argmax(logits, -1) == target))
+    total += target.size
+  reported = metrics['translate_en_de/target_agreement']
+  assert abs(reported - agree / total) <= 1.0 / total
+  # Agreement with the references would be the validation accuracy; here
+  # the teacher's outputs are the references, so the two figures coincide.
+  assert abs(reported - metrics['translate_en_de/accuracy']) <= 1.0 / total
+
+
+def test_agreement_needs_validation_outputs_for_every_task(tmp_path):
+  config = train.TrainConfig(distillation_dir=str(tmp_path),
+                             mixture={'translate_en_de': 1.0,
+                                      'summarize': 1.0})
+  assert train.load_agreement_splits(config) is None
+  tasks.TokenizedSplit.from_sequences([[5, 1]], [[6, 1]]).save(
+      str(tmp_path / 'translate_en_de_validation.npz'))
+  assert train.load_agreement_splits(config) is None
+  tasks.TokenizedSplit.from_sequences([[7, 1]], [[8, 1]]).save(
+      str(tmp_path / 'summarize_validation.npz'))
+  splits = train.load_agreement_splits(config)
+  assert sorted(splits) == ['summarize', 'translate_en_de']
+  np.testing.assert_array_equal(splits['summarize'].target(0), [8, 1])
+  assert train.load_agreement_splits(
+      train.TrainConfig(distillation_dir=None)) is None
+
+
+def test_load_trained_names_what_is_missing(tmp_path):
+  with pytest.raises(FileNotFoundError, match='config.json does not exist'):
+    train.load_trained(str(tmp_path / 'checkpoint_5'))
+
+
+def test_train_script_binds_model_fields_from_the_command_line(tmp_path):
+  data_dir = _tiny_data(tmp_path)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  result = subprocess.run(
+      [sys.executable, 'scripts/train.py',
+       '--gin_file=configs/train/draft_tiny.gin',
+       f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
+       f"--gin.train.TrainConfig.data_dir='{data_dir}'",
+       '--gin.train.TrainConfig.distillation_dir=None',
+       "--gin.train.TrainConfig.mixture={'translate_en_de': 1.0}",
+       '--gin.train.TrainConfig.num_steps=0',
+       '--gin.config.T5Config.dropout_rate=0.2'],
+      capture_output=True, text=True, cwd=root, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  with open(tmp_path / 'run' / 'config.json') as f:
+    written = json.load(f)
+  assert written['model']['dropout_rate'] == 0.2
+  assert written['model']['emb_dim'] == 128  # The rest from the gin file.

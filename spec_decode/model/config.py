@@ -33,6 +33,9 @@ class T5Config:
     float32_attention_logits: Compute attention logits in float32.
     relative_attention_num_buckets: Relative position buckets (T5: 32).
     relative_attention_max_distance: Distance lumped into the last bucket.
+    dropout_rate: Dropout of embeddings, sublayer outputs and MLP hidden
+      units while training (T5X fine-tunes with 0.1). Decoding and scoring
+      never drop out, whatever the rate.
   """
 
   vocab_size: int = 32128
@@ -48,6 +51,7 @@ class T5Config:
   float32_attention_logits: bool = False
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
+  dropout_rate: float = 0.0
 
   def __post_init__(self):
     # Lists are not hashable; gin and JSON hand us lists.
@@ -66,6 +70,10 @@ class T5Config:
       if not isinstance(value, int) or value < 0:
         raise ValueError(
             f'{name} must be a non-negative integer, got {value!r}.')
+    if (not isinstance(self.dropout_rate, (int, float))
+        or not 0.0 <= self.dropout_rate < 1.0):
+      raise ValueError(
+          f'dropout_rate must be in [0, 1), got {self.dropout_rate!r}.')
     if not self.mlp_activations:
       raise ValueError('mlp_activations must name at least one activation.')
 

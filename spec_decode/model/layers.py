@@ -303,13 +303,15 @@ class GatedMlp(nn.Module):
     intermediate_dim: Hidden width.
     activations: One flax activation name (or 'linear') per branch.
     dtype: Activation dtype.
+    dropout_rate: Dropout of the hidden units when not `deterministic`.
   """
   intermediate_dim: int
   activations: Sequence[str] = ('gelu', 'linear')
   dtype: Any = jnp.float32
+  dropout_rate: float = 0.0
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, deterministic: bool = True) -> Array:
     branches = []
     for index, name in enumerate(self.activations):
       dense_name = 'wi' if len(self.activations) == 1 else f'wi_{index}'
@@ -317,5 +319,6 @@ class GatedMlp(nn.Module):
                 name=dense_name)(x)
       branches.append(h if name == 'linear' else getattr(nn, name)(h))
     h = functools.reduce(lambda a, b: a * b, branches)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return Dense(x.shape[-1], ('mlp', 'embed'), dtype=self.dtype,
                  name='wo')(h)

@@ -93,18 +93,21 @@ class EncoderLayer(nn.Module):
   config: T5Config
 
   @nn.compact
-  def __call__(self, x: Array, bias: Array) -> Array:
+  def __call__(self, x: Array, bias: Array,
+               deterministic: bool = True) -> Array:
     cfg = self.config
     dtype = cfg.activation_dtype
+    dropout = lambda y: nn.Dropout(cfg.dropout_rate)(
+        y, deterministic=deterministic)
     y = layers.RMSNorm(dtype, name='pre_attention_layer_norm')(x)
     y = layers.MultiHeadAttention(
         cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype,
         cfg.float32_attention_logits, name='attention')(y, y, bias)
-    x = x + y
+    x = x + dropout(y)
     y = layers.RMSNorm(dtype, name='pre_mlp_layer_norm')(x)
     y = layers.GatedMlp(cfg.mlp_dim, cfg.mlp_activations, dtype,
-                        name='mlp')(y)
-    return x + y
+                        cfg.dropout_rate, name='mlp')(y, deterministic)
+    return x + dropout(y)
 
 
 class Encoder(nn.Module):
@@ -113,14 +116,17 @@ class Encoder(nn.Module):
   shared_embedding: nn.Module
 
   @nn.compact
-  def __call__(self, encoder_input_tokens: Array) -> Array:
+  def __call__(self, encoder_input_tokens: Array,
+               deterministic: bool = True) -> Array:
     cfg = self.config
     dtype = cfg.activation_dtype
+    dropout = lambda y: nn.Dropout(cfg.dropout_rate)(
+        y, deterministic=deterministic)
     relpos = layers.RelativePositionBiases(
         cfg.relative_attention_num_buckets,
         cfg.relative_attention_max_distance, cfg.num_heads, dtype,
         name='relpos_bias')
-    x = self.shared_embedding(encoder_input_tokens).astype(dtype)
+    x = dropout(self.shared_embedding(encoder_input_tokens).astype(dtype))
     if cfg.num_encoder_layers:
       positions = jnp.arange(encoder_input_tokens.shape[1], dtype=jnp.int32)
       valid = encoder_input_tokens > 0
@@ -129,8 +135,8 @@ class Encoder(nn.Module):
           valid[:, None, :, None] & valid[:, None, None, :], dtype)
               + relpos(positions[None, :], positions, bidirectional=True))
     for index in range(cfg.num_encoder_layers):
-      x = EncoderLayer(cfg, name=f'layers_{index}')(x, bias)
-    return layers.RMSNorm(dtype, name='encoder_norm')(x)
+      x = EncoderLayer(cfg, name=f'layers_{index}')(x, bias, deterministic)
+    return dropout(layers.RMSNorm(dtype, name='encoder_norm')(x))
 
 
 class DecoderLayer(nn.Module):
@@ -148,7 +154,9 @@ class DecoderLayer(nn.Module):
     self.pre_cross_attention_layer_norm = layers.RMSNorm(dtype)
     self.encoder_decoder_attention = attention()
     self.pre_mlp_layer_norm = layers.RMSNorm(dtype)
-    self.mlp = layers.GatedMlp(cfg.mlp_dim, cfg.mlp_activations, dtype)
+    self.mlp = layers.GatedMlp(cfg.mlp_dim, cfg.mlp_activations, dtype,
+                               cfg.dropout_rate)
+    self.dropout = nn.Dropout(cfg.dropout_rate)
 
   def cross_kv(self, encoded: Array) -> Tuple[Array, Array]:
     """Cross-attention keys/values of the encoder output."""
@@ -156,8 +164,8 @@ class DecoderLayer(nn.Module):
 
   def __call__(self, x: Array, start: Array, self_bias: Array,
                cached_key: Array, cached_value: Array, cross_key: Array,
-               cross_value: Array, cross_bias: Array
-               ) -> Tuple[Array, Array, Array]:
+               cross_value: Array, cross_bias: Array,
+               deterministic: bool = True) -> Tuple[Array, Array, Array]:
     """Runs the layer on a chunk.
 
     Args:
@@ -169,20 +177,24 @@ class DecoderLayer(nn.Module):
       cross_key: [batch, heads, head_dim, enc_len].
       cross_value: [batch, heads, enc_len, head_dim].
       cross_bias: [batch, 1, 1, enc_len] encoder padding bias.
+      deterministic: False drops out (training only).
 
     Returns:
       The layer output [batch, K, emb] and the updated key and value caches.
     """
+    dropout = lambda y: self.dropout(y, deterministic=deterministic)
     y = self.pre_self_attention_layer_norm(x)
     key, value = self.self_attention.project_kv(y)
     cached_key = write_chunk(cached_key, key, start, axis=3)
     cached_value = write_chunk(cached_value, value, start, axis=2)
-    x = x + self.self_attention.attend(y, cached_key, cached_value, self_bias)
+    x = x + dropout(self.self_attention.attend(y, cached_key, cached_value,
+                                               self_bias))
     y = self.pre_cross_attention_layer_norm(x)
-    x = x + self.encoder_decoder_attention.attend(y, cross_key, cross_value,
-                                                  cross_bias)
+    x = x + dropout(self.encoder_decoder_attention.attend(
+        y, cross_key, cross_value, cross_bias))
     y = self.pre_mlp_layer_norm(x)
-    return x + self.mlp(y), cached_key, cached_value
+    x = x + dropout(self.mlp(y, deterministic))
+    return x, cached_key, cached_value
 
 
 class Decoder(nn.Module):
@@ -199,6 +211,7 @@ class Decoder(nn.Module):
     # A list attribute gets T5X's names layers_0, layers_1, ...
     self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
     self.decoder_norm = layers.RMSNorm(dtype)
+    self.dropout = nn.Dropout(cfg.dropout_rate)
     if not cfg.logits_via_embedding:
       self.logits_dense = layers.Dense(cfg.vocab_size, ('embed', 'vocab'),
                                        dtype=jnp.float32)
@@ -209,11 +222,12 @@ class Decoder(nn.Module):
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
 
   def __call__(self, decoder_input_tokens: Array, start: Array,
-               cache: DecoderCache, encoded: EncodedInputs
-               ) -> Tuple[Array, DecoderCache]:
+               cache: DecoderCache, encoded: EncodedInputs,
+               deterministic: bool = True) -> Tuple[Array, DecoderCache]:
     cfg = self.config
     dtype = cfg.activation_dtype
-    y = self.shared_embedding(decoder_input_tokens).astype(dtype)
+    dropout = lambda y: self.dropout(y, deterministic=deterministic)
+    y = dropout(self.shared_embedding(decoder_input_tokens).astype(dtype))
     if self.layers:
       chunk_len = decoder_input_tokens.shape[1]
       # [batch, K] absolute positions of the chunk; [cache_len] of the cache.
@@ -232,10 +246,11 @@ class Decoder(nn.Module):
     for index, layer in enumerate(self.layers):
       y, key, value = layer(y, start, self_bias, cache.keys[index],
                             cache.values[index], encoded.cross_keys[index],
-                            encoded.cross_values[index], cross_bias)
+                            encoded.cross_values[index], cross_bias,
+                            deterministic)
       keys.append(key)
       values.append(value)
-    y = self.decoder_norm(y)
+    y = dropout(self.decoder_norm(y))
     if cfg.logits_via_embedding:
       logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
     else:
@@ -258,16 +273,17 @@ class Transformer(nn.Module):
     """Returns the encoder output [batch, enc_len, emb] after `encoder_norm`."""
     return self.encoder(encoder_input_tokens)
 
-  def prepare_decoding(self, encoder_input_tokens: Array) -> EncodedInputs:
+  def prepare_decoding(self, encoder_input_tokens: Array,
+                       deterministic: bool = True) -> EncodedInputs:
     """Encodes and projects cross-attention keys/values once."""
-    encoded = self.encoder(encoder_input_tokens)
+    encoded = self.encoder(encoder_input_tokens, deterministic)
     keys, values = self.decoder.cross_kv(encoded)
     return EncodedInputs(cross_keys=keys, cross_values=values,
                          encoder_mask=encoder_input_tokens > 0)
 
   def decode(self, decoder_input_tokens: Array, start: Array,
-             cache: DecoderCache, encoded: EncodedInputs
-             ) -> Tuple[Array, DecoderCache]:
+             cache: DecoderCache, encoded: EncodedInputs,
+             deterministic: bool = True) -> Tuple[Array, DecoderCache]:
     """Scores a chunk of K tokens per row at per-row positions.
 
     Args:
@@ -278,18 +294,33 @@ class Transformer(nn.Module):
         after a row's chunk are never attended to (masked by position), so a
         row rolls back by lowering its start.
       encoded: From `prepare_decoding`.
+      deterministic: False drops out (training only).
 
     Returns:
       float32 logits [batch, K, vocab] and the cache with the chunk written.
     """
-    return self.decoder(decoder_input_tokens, start, cache, encoded)
+    return self.decoder(decoder_input_tokens, start, cache, encoded,
+                        deterministic)
 
   def __call__(self, encoder_input_tokens: Array,
-               decoder_input_tokens: Array) -> Array:
-    """Teacher-forced logits: the chunked decoder from position 0."""
+               decoder_input_tokens: Array,
+               enable_dropout: bool = False) -> Array:
+    """Teacher-forced logits: the chunked decoder from position 0.
+
+    Args:
+      encoder_input_tokens: int [batch, enc_len], 0-padded.
+      decoder_input_tokens: int [batch, dec_len], targets shifted right.
+      enable_dropout: Drop out at `config.dropout_rate` (training; needs a
+        'dropout' rng), as T5X's `enable_dropout`.
+
+    Returns:
+      float32 logits [batch, dec_len, vocab].
+    """
+    deterministic = not enable_dropout
     batch, length = decoder_input_tokens.shape
-    encoded = self.prepare_decoding(encoder_input_tokens)
+    encoded = self.prepare_decoding(encoder_input_tokens, deterministic)
     cache = init_cache(self.config, batch, length)
     start = jnp.zeros((batch,), jnp.int32)
-    logits, _ = self.decode(decoder_input_tokens, start, cache, encoded)
+    logits, _ = self.decode(decoder_input_tokens, start, cache, encoded,
+                            deterministic)
     return logits

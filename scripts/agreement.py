@@ -1,0 +1,77 @@
+r"""Drafts' agreement with the target on validation inputs, without decoding.
+
+  python scripts/agreement.py --distillation_dir=data/distill \
+      --drafts=t5_local_draft_tiny,t5_local_draft_small,runs/draft_tiny
+
+For each draft (a shipped name, or a training folder or checkpoint written by
+scripts/train.py): its teacher-forced argmax agreement with the target's
+greedy outputs on the validation inputs scripts/distill.py recorded. Greedy
+speculative decoding accepts a draft token exactly when the two argmaxes
+agree, so this is the paper's alpha at T=0 on held-out inputs, in seconds;
+draft training logs the same figure as `<task>/target_agreement`.
+"""
+
+import dataclasses
+import json
+import os
+
+from absl import app
+from absl import flags
+
+from spec_decode import pretrained
+from spec_decode import train
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list('drafts', ['t5_local_draft_tiny', 't5_local_draft_small'],
+                  'Shipped model names or training folders.')
+flags.DEFINE_string('distillation_dir', 'data/distill',
+                    'Folder with <task>_validation.npz from distill.py.')
+flags.DEFINE_multi_string('task', ['translate_en_de', 'summarize'], 'Tasks.')
+flags.DEFINE_integer('examples', 1000, 'Validation examples per task (the '
+                     'first ones; all if fewer were recorded).')
+flags.DEFINE_integer('max_input_length', 64, 'Input truncation, as trained.')
+flags.DEFINE_string('output', None, 'Optional JSON file for the figures.')
+
+
+def main(argv):
+  del argv
+  mixture = {task: 1.0 for task in FLAGS.task}
+  config = train.TrainConfig(distillation_dir=FLAGS.distillation_dir,
+                             mixture=mixture,
+                             max_input_length=FLAGS.max_input_length)
+  splits = train.load_agreement_splits(config)
+  if splits is None:
+    raise app.UsageError(
+        f'--distillation_dir={FLAGS.distillation_dir!r} has no '
+        '<task>_validation.npz for every --task; write them with python '
+        'scripts/distill.py --target=t5_local_target --splits=validation '
+        f'--output_dir={FLAGS.distillation_dir}')
+  sampler = train.BatchSampler(splits, mixture, config.batch_tokens,
+                               config.seed,
+                               max_input_length=FLAGS.max_input_length)
+  results = {}
+  for name in FLAGS.drafts:
+    if name in pretrained.available():
+      draft = pretrained.load(name)
+    elif os.path.isdir(name):
+      draft = train.load_trained(name)
+    else:
+      raise app.UsageError(f'--drafts: {name!r} is neither one of '
+                           f'{pretrained.available()} nor a folder.')
+    _, eval_step = train.make_train_step(
+        dataclasses.replace(config, model=draft.config),
+        train.make_optimizer(config))
+    results[name] = train.evaluate_agreement(eval_step, draft.params, sampler,
+                                             mixture, FLAGS.examples)
+    counts = {task: min(FLAGS.examples, len(splits[task]))
+              for task in FLAGS.task}
+    print(f'{name}: ' + ', '.join(
+        f'{task} {results[name][f"{task}/target_agreement"]:.3f} '
+        f'({counts[task]} inputs)' for task in FLAGS.task), flush=True)
+  if FLAGS.output:
+    with open(FLAGS.output, 'w') as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)
