@@ -92,5 +92,6 @@ def main(argv):
   if 'train' in FLAGS.splits:
     np.save(os.path.join(FLAGS.output_dir, 'unigram_counts.npy'), counts)
 
+
 if __name__ == '__main__':
   app.run(main)
