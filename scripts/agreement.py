@@ -49,6 +49,7 @@ def main(argv):
   sampler = train.BatchSampler(splits, mixture, config.batch_tokens,
                                config.seed,
                                max_input_length=FLAGS.max_input_length)
+  counts = {task: min(FLAGS.examples, len(splits[task])) for task in FLAGS.task}
   results = {}
   for name in FLAGS.drafts:
     if name in pretrained.available():
@@ -63,8 +64,6 @@ def main(argv):
         train.make_optimizer(config))
     results[name] = train.evaluate_agreement(eval_step, draft.params, sampler,
                                              mixture, FLAGS.examples)
-    counts = {task: min(FLAGS.examples, len(splits[task]))
-              for task in FLAGS.task}
     print(f'{name}: ' + ', '.join(
         f'{task} {results[name][f"{task}/target_agreement"]:.3f} '
         f'({counts[task]} inputs)' for task in FLAGS.task), flush=True)

@@ -23,6 +23,7 @@ from spec_decode import distill
 from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import pretrained
+from spec_decode import train
 from spec_decode.data import tasks
 from spec_decode.model import Model
 
@@ -59,7 +60,7 @@ def training_summary(run_dir: str):
                      if k.endswith(('/loss', '/accuracy',
                                     '/target_agreement'))} if evals else {},
       'logged_seconds': training_seconds(records),
-  }, config
+  }
 
 
 def training_seconds(records) -> float:
@@ -118,15 +119,8 @@ def main(argv):
       summary, step = {'fitted': 'closed form from target output counts'}, 0
     else:
       run_dir = os.path.join(FLAGS.runs_dir, run)
-      summary, train_config = training_summary(run_dir)
-      fields = {k: v for k, v in train_config['model'].items()}
-      from spec_decode.model import T5Config  # pylint: disable=g-import-not-at-top
-      config = T5Config(**{**fields, 'dtype': 'float32',
-                           'mlp_activations': tuple(
-                               fields['mlp_activations'])})
-      params = checkpoints.load_t5x_checkpoint(run_dir, config,
-                                               dtype='float32')
-      model = Model(config, params, eos_id=vocabulary.eos_id)
+      summary = training_summary(run_dir)
+      model = train.load_trained(run_dir, eos_id=vocabulary.eos_id)
       step = summary['steps']
     metrics = translation_metrics(model, vocabulary, FLAGS.data_dir,
                                   FLAGS.eval_examples, FLAGS.batch_size)
