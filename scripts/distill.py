@@ -50,6 +50,11 @@ flags.DEFINE_list('max_decode_len', ['64', '32'],
 flags.DEFINE_integer('max_input_length', 64, 'Input truncation, as trained.')
 flags.DEFINE_integer('top_k', 16, 'Teacher probabilities kept per position.')
 flags.DEFINE_integer('batch_size', 128, 'Decoding batch size.')
+flags.DEFINE_integer('top_k_batch_size', 64,
+                     'Batch size of the top-k (teacher-forced) pass.')
+flags.DEFINE_integer('length_multiple', 16,
+                     'Inputs and outputs are padded to a multiple of this '
+                     '(larger: fewer compiled shapes, e.g. 32 on a GPU).')
 
 
 def main(argv):
@@ -69,13 +74,15 @@ def main(argv):
           tasks.tokenized_path(FLAGS.data_dir, task, 'train'))
       rng = np.random.RandomState(0)
       indices = np.sort(rng.permutation(len(split))[:int(limit)])
-      outputs = distill.teacher_outputs(target, split, indices,
-                                        int(decode_len), FLAGS.batch_size,
-                                        FLAGS.max_input_length)
+      outputs = distill.teacher_outputs(
+          target, split, indices, int(decode_len), FLAGS.batch_size,
+          FLAGS.max_input_length, length_multiple=FLAGS.length_multiple)
       outputs.save(os.path.join(FLAGS.output_dir, f'{task}_train.npz'))
       print(f'{task}: {len(outputs)} teacher outputs in '
             f'{time.time() - start:.0f} s', flush=True)
-      soft = distill.teacher_top_k(target, outputs, FLAGS.top_k)
+      soft = distill.teacher_top_k(target, outputs, FLAGS.top_k,
+                                   FLAGS.top_k_batch_size,
+                                   length_multiple=FLAGS.length_multiple)
       soft.save(os.path.join(FLAGS.output_dir, f'{task}_train_teacher.npz'))
       counts += distill.token_counts(outputs, target.config.vocab_size)
       print(f'{task}: top-{FLAGS.top_k} targets in '
@@ -84,9 +91,9 @@ def main(argv):
       split = tasks.TokenizedSplit.load(
           tasks.tokenized_path(FLAGS.data_dir, task, 'validation'))
       indices = range(min(FLAGS.validation_examples, len(split)))
-      outputs = distill.teacher_outputs(target, split, indices,
-                                        int(decode_len), FLAGS.batch_size,
-                                        FLAGS.max_input_length)
+      outputs = distill.teacher_outputs(
+          target, split, indices, int(decode_len), FLAGS.batch_size,
+          FLAGS.max_input_length, length_multiple=FLAGS.length_multiple)
       outputs.save(os.path.join(FLAGS.output_dir, f'{task}_validation.npz'))
       print(f'{task}: {len(outputs)} validation outputs', flush=True)
   if 'train' in FLAGS.splits:

@@ -21,8 +21,12 @@ from spec_decode.model import T5Config
 from spec_decode.train import DistillationTargets
 
 
+def _round_up(length: int, multiple: int) -> int:
+  return int(np.ceil(length / multiple) * multiple)
+
+
 def _batches(indices: Sequence[int], split: tasks.TokenizedSplit,
-             batch_size: int, max_input_length: int
+             batch_size: int, max_input_length: int, length_multiple: int = 16
              ) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
   # Sorting by length keeps padding (and compiled shapes) small.
   order = sorted(indices, key=lambda i: split.input_lengths[i])
@@ -30,7 +34,10 @@ def _batches(indices: Sequence[int], split: tasks.TokenizedSplit,
     chunk = np.array(order[start:start + batch_size])
     length = min(max_input_length,
                  int(np.max(split.input_lengths[chunk])))
-    length = int(np.ceil(length / 16) * 16)
+    # Few distinct lengths mean few compiled shapes (an accelerator wants a
+    # coarse multiple, a CPU a fine one).
+    length = min(_round_up(length, length_multiple),
+                 _round_up(max_input_length, 16))
     inputs = []
     for i in chunk:
       x = split.input(i)
@@ -45,8 +52,11 @@ def _batches(indices: Sequence[int], split: tasks.TokenizedSplit,
 def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
                     indices: Sequence[int], max_decode_len: int,
                     batch_size: int = 128, max_input_length: int = 64,
-                    log_every: int = 20) -> tasks.TokenizedSplit:
+                    log_every: int = 20, length_multiple: int = 16
+                    ) -> tasks.TokenizedSplit:
   """The target's greedy outputs for `split[indices]` (EOS kept).
+
+  Inputs are padded to a multiple of `length_multiple` tokens.
 
   Returns:
     A split with the same inputs (truncated as at training) and the target's
@@ -54,7 +64,8 @@ def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
   """
   inputs, outputs = {}, {}
   for count, (chunk, rows) in enumerate(
-      _batches(indices, split, batch_size, max_input_length)):
+      _batches(indices, split, batch_size, max_input_length,
+               length_multiple)):
     result = generation.generate(target, jnp.asarray(rows),
                                  max_decode_len=max_decode_len)
     tokens = np.asarray(result.tokens)
@@ -73,9 +84,12 @@ def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
 
 
 def teacher_top_k(target: Model, split: tasks.TokenizedSplit, k: int = 16,
-                  batch_size: int = 64, log_every: int = 50
-                  ) -> DistillationTargets:
-  """The target's top-k next-token probabilities at every target token."""
+                  batch_size: int = 64, log_every: int = 50,
+                  length_multiple: int = 16) -> DistillationTargets:
+  """The target's top-k next-token probabilities at every target token.
+
+  Inputs and targets are padded to multiples of `length_multiple` tokens.
+  """
   total = int(split.target_offsets[-1])
   ids = np.zeros((total, k), np.uint16)
   probs = np.zeros((total, k), np.float16)
@@ -88,8 +102,8 @@ def teacher_top_k(target: Model, split: tasks.TokenizedSplit, k: int = 16,
   order = sorted(range(len(split)), key=lambda i: split.target_lengths[i])
   for count, start in enumerate(range(0, len(order), batch_size)):
     chunk = order[start:start + batch_size]
-    input_len = int(np.ceil(max(split.input_lengths[chunk]) / 16) * 16)
-    target_len = int(np.ceil(max(split.target_lengths[chunk]) / 16) * 16)
+    input_len = _round_up(max(split.input_lengths[chunk]), length_multiple)
+    target_len = _round_up(max(split.target_lengths[chunk]), length_multiple)
     enc = tasks.pad_batch([split.input(i) for i in chunk], input_len)
     targets = tasks.pad_batch([split.target(i) for i in chunk], target_len)
     if len(chunk) < batch_size:

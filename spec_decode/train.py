@@ -14,6 +14,7 @@ inputs, the figure that predicts speculative decoding's acceptance rate.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import numpy as np
 import optax
 
 from spec_decode import checkpoints
+from spec_decode import on_policy
 from spec_decode.data import tasks
 from spec_decode.model import init_params
 from spec_decode.model import Model
@@ -86,6 +88,21 @@ class TrainConfig:
     log_every: Steps between progress lines.
     seed: Initialisation and data order.
     init_checkpoint: Optional checkpoint to start from (e.g. to shrink).
+    input_buckets: Padded input lengths batches are bucketed to (each
+      pair of buckets is one compiled shape; accelerators want few).
+    target_buckets: Padded target lengths, likewise.
+    time_limit_seconds: If set, training stops (and checkpoints) at the first
+      logging step after this many seconds of this run, whatever
+      `num_steps` says; the log records the step reached. The schedule does
+      not depend on `num_steps`, so re-running with that step count
+      reproduces the run.
+    teacher_dir: Training folder of the target, for on-policy distillation.
+    on_policy_fraction: Share of steps (chosen by (seed, step)) that train
+      on the draft's own samples against the teacher (DistillSpec); the
+      rest train on the offline distillation data. Needs `teacher_dir`.
+    on_policy_divergence: 'tvd' (1 - acceptance probability) or
+      'forward_kl'.
+    on_policy_temperature: Temperature of the draft's samples.
   """
   model: T5Config = dataclasses.field(default_factory=T5Config)
   model_dir: str = 'runs/model'
@@ -107,6 +124,24 @@ class TrainConfig:
   log_every: int = 25
   seed: int = 0
   init_checkpoint: Optional[str] = None
+  input_buckets: Tuple[int, ...] = INPUT_BUCKETS
+  target_buckets: Tuple[int, ...] = TARGET_BUCKETS
+  time_limit_seconds: Optional[float] = None
+  teacher_dir: Optional[str] = None
+  on_policy_fraction: float = 0.0
+  on_policy_divergence: str = 'tvd'
+  on_policy_temperature: float = 1.0
+
+  def __post_init__(self):
+    self.input_buckets = tuple(sorted(self.input_buckets))
+    self.target_buckets = tuple(sorted(self.target_buckets))
+    if not 0.0 <= self.on_policy_fraction <= 1.0:
+      raise ValueError('on_policy_fraction must be in [0, 1], got '
+                       f'{self.on_policy_fraction!r}.')
+    if self.on_policy_fraction > 0 and not self.teacher_dir:
+      raise ValueError('on_policy_fraction > 0 needs teacher_dir (the '
+                       "target's training folder).")
+    on_policy.check_divergence(self.on_policy_divergence)
 
 
 def learning_rate_schedule(peak: float, warmup_steps: int) -> optax.Schedule:
@@ -215,6 +250,29 @@ def make_train_step(config: TrainConfig, optimizer):
   return train_step, eval_step
 
 
+def make_on_policy_step(config: TrainConfig, optimizer,
+                        teacher_config: T5Config):
+  """The jitted update on the draft's own samples (see `on_policy`)."""
+
+  @functools.partial(jax.jit, static_argnums=3)
+  def on_policy_step(state: TrainState, teacher_params, inputs,
+                     max_decode_len: int):
+    base = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
+    sample_rng, dropout_rng = jax.random.split(base)
+    (loss, metrics), grads = jax.value_and_grad(
+        on_policy.on_policy_loss, argnums=2, has_aux=True)(
+            config.model, teacher_config, state.params, teacher_params,
+            inputs, sample_rng, max_decode_len, config.on_policy_temperature,
+            config.on_policy_divergence, dropout_rng)
+    updates, opt_state = optimizer.update(grads, state.opt_state,
+                                          state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics['loss'] = loss
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return on_policy_step
+
+
 def _bucket(length: int, boundaries: Sequence[int]) -> int:
   for boundary in boundaries:
     if length <= boundary:
@@ -234,10 +292,14 @@ class BatchSampler:
   def __init__(self, splits: Dict[str, tasks.TokenizedSplit],
                mixture: Dict[str, float], batch_tokens: int, seed: int,
                teacher: Optional[Dict[str, DistillationTargets]] = None,
-               max_input_length: int = INPUT_BUCKETS[-1]):
+               max_input_length: int = INPUT_BUCKETS[-1],
+               input_buckets: Sequence[int] = INPUT_BUCKETS,
+               target_buckets: Sequence[int] = TARGET_BUCKETS):
     self._splits = splits
-    self._input_buckets = tuple(b for b in INPUT_BUCKETS
-                                if b <= max_input_length)
+    self._input_buckets = tuple(b for b in input_buckets
+                                if b <= max_input_length) or (
+                                    max_input_length,)
+    self._target_buckets = tuple(target_buckets)
     self._teacher = teacher
     names = sorted(mixture)
     rates = np.array([mixture[n] for n in names], np.float64)
@@ -247,7 +309,8 @@ class BatchSampler:
     self._buckets = {}
     for name in names:
       split = splits[name]
-      keys = [(_bucket(i, self._input_buckets), _bucket(t, TARGET_BUCKETS))
+      keys = [(_bucket(i, self._input_buckets),
+               _bucket(t, self._target_buckets))
               for i, t in zip(split.input_lengths, split.target_lengths)]
       groups = {}
       for index, key in enumerate(keys):
@@ -453,23 +516,33 @@ def train(config: TrainConfig) -> Dict[str, float]:
   train_splits, teacher = load_splits(config, 'train')
   eval_splits, _ = load_splits(
       dataclasses.replace(config, distillation_dir=None), 'validation')
+  buckets = dict(max_input_length=config.max_input_length,
+                 input_buckets=config.input_buckets,
+                 target_buckets=config.target_buckets)
   sampler = BatchSampler(train_splits, config.mixture, config.batch_tokens,
-                         config.seed, teacher, config.max_input_length)
+                         config.seed, teacher, **buckets)
   eval_sampler = BatchSampler(eval_splits, config.mixture,
-                              config.batch_tokens, config.seed,
-                              max_input_length=config.max_input_length)
+                              config.batch_tokens, config.seed, **buckets)
   agreement_splits = load_agreement_splits(config)
   agreement_sampler = None
   if agreement_splits:
     agreement_sampler = BatchSampler(
         agreement_splits, config.mixture, config.batch_tokens, config.seed,
-        max_input_length=config.max_input_length)
+        **buckets)
   if config.distillation_dir and not agreement_sampler:
     print(f'{config.distillation_dir} has no <task>_validation.npz for every '
           'task; target agreement is not reported (re-run '
           'scripts/distill.py to write them).', flush=True)
   optimizer = make_optimizer(config)
   train_step, eval_step = make_train_step(config, optimizer)
+  on_policy_step = teacher_model = None
+  if config.on_policy_fraction > 0:
+    teacher_model = load_trained(config.teacher_dir)
+    teacher_model = Model(
+        teacher_model.config.replace(dtype=config.model.dtype),
+        teacher_model.params)
+    on_policy_step = make_on_policy_step(config, optimizer,
+                                         teacher_model.config)
 
   if config.init_checkpoint:
     params = checkpoints.load_t5x_checkpoint(config.init_checkpoint,
@@ -495,25 +568,47 @@ def train(config: TrainConfig) -> Dict[str, float]:
               for x in jax.tree_util.tree_leaves(state.params))
   print(f'training {count:,} parameters for {config.num_steps} steps; '
         f'{len(sampler.shapes())} batch shapes', flush=True)
-  start_time, tokens, sums = time.time(), 0, {}
+  run_start = start_time = time.time()
+  tokens, pending, on_policy_pending = 0, [], []
   metrics = {}
   while int(state.step) < config.num_steps:
     step = int(state.step)
     batch = sampler.batch(step)
-    state, step_metrics = train_step(state, batch)
+    if on_policy_step is not None and _is_on_policy(config, step):
+      state, step_metrics = on_policy_step(
+          state, teacher_model.params, batch['inputs'],
+          batch['targets'].shape[1])
+      on_policy_pending.append(step_metrics)
+    else:
+      state, step_metrics = train_step(state, batch)
+      # Device scalars are summed at logging time: no host sync per step.
+      pending.append(step_metrics)
     tokens += int(batch['inputs'].size + batch['targets'].size)
-    for key in ('loss', 'correct', 'token_count'):
-      sums[key] = sums.get(key, 0.0) + float(step_metrics[key])
     done = step + 1
-    if done % config.log_every == 0 or done == config.num_steps:
+    out_of_time = (config.time_limit_seconds is not None and
+                   time.time() - run_start > config.time_limit_seconds)
+    last = done == config.num_steps or (
+        out_of_time and done % config.log_every == 0)
+    if done % config.log_every == 0 or last:
+      jax.block_until_ready(state.step)
       elapsed = time.time() - start_time
-      record = {'step': done, 'train_loss': sums['loss'] / config.log_every,
-                'train_accuracy': sums['correct'] / max(sums['token_count'],
-                                                        1),
+      record = {'step': done,
                 'tokens_per_second': tokens / max(elapsed, 1e-9),
                 'time': time.time()}
-      sums, tokens, start_time = {}, 0, time.time()
-      if done % config.eval_every == 0 or done == config.num_steps:
+      if pending:
+        sums = _sum_metrics(pending)
+        record['train_loss'] = sums['loss'] / len(pending)
+        record['train_accuracy'] = sums['correct'] / max(
+            sums['token_count'], 1)
+      if on_policy_pending:
+        on_sums = _sum_metrics(on_policy_pending)
+        record['on_policy_divergence'] = (on_sums['loss_sum'] /
+                                          max(on_sums['token_count'], 1))
+        record['on_policy_agreement'] = (on_sums['correct'] /
+                                         max(on_sums['token_count'], 1))
+      pending, on_policy_pending, tokens = [], [], 0
+      start_time = time.time()
+      if done % config.eval_every == 0 or last:
         record.update(evaluate(eval_step, state.params, eval_sampler,
                                config.mixture, config.eval_examples))
         if agreement_sampler:
@@ -524,6 +619,21 @@ def train(config: TrainConfig) -> Dict[str, float]:
       print(json.dumps(record), flush=True)
       with open(log_path, 'a') as f:
         f.write(json.dumps(record) + '\n')
-    if done % config.checkpoint_every == 0 or done == config.num_steps:
+    if done % config.checkpoint_every == 0 or last:
       save_train_state(config.model_dir, state, config.keep_checkpoints)
+    if last and out_of_time:
+      print(f'time limit of {config.time_limit_seconds} s reached at step '
+            f'{done}', flush=True)
+      break
   return metrics
+
+
+def _is_on_policy(config: TrainConfig, step: int) -> bool:
+  """Whether `step` trains on the draft's own samples (a function of step)."""
+  rng = np.random.RandomState((config.seed * 7_919 + step) % 2**32)
+  return rng.random_sample() < config.on_policy_fraction
+
+
+def _sum_metrics(metrics: List[Dict[str, Array]]) -> Dict[str, float]:
+  keys = ('loss', 'loss_sum', 'correct', 'token_count')
+  return {key: float(sum(m[key] for m in metrics)) for key in keys}

@@ -170,3 +170,62 @@ def test_train_script_binds_model_fields_from_the_command_line(tmp_path):
     written = json.load(f)
   assert written['model']['dropout_rate'] == 0.2
   assert written['model']['emb_dim'] == 128  # The rest from the gin file.
+
+
+def test_config_checks_on_policy_settings():
+  with pytest.raises(ValueError, match='teacher_dir'):
+    train.TrainConfig(on_policy_fraction=0.5)
+  with pytest.raises(ValueError, match='on_policy_fraction'):
+    train.TrainConfig(on_policy_fraction=1.5, teacher_dir='x')
+  with pytest.raises(ValueError, match='on_policy_divergence'):
+    train.TrainConfig(on_policy_divergence='js')
+
+
+def test_buckets_set_the_compiled_shapes(tmp_path):
+  data_dir = _tiny_data(tmp_path)
+  split = tasks.TokenizedSplit.load(
+      tasks.tokenized_path(data_dir, 'translate_en_de', 'train'))
+  sampler = train.BatchSampler({'translate_en_de': split},
+                               {'translate_en_de': 1.0}, 4096, seed=0,
+                               max_input_length=64, input_buckets=(64,),
+                               target_buckets=(32, 96))
+  assert {s[1:] for s in sampler.shapes()} <= {(64, 32), (64, 96)}
+  for step in range(5):
+    batch = sampler.batch(step)
+    assert batch['inputs'].shape[1] == 64
+    assert batch['targets'].shape[1] in (32, 96)
+
+
+@pytest.mark.slow
+def test_time_limit_and_on_policy_distillation(tmp_path):
+  """A teacher trains briefly; a draft mixes offline and on-policy steps."""
+  data_dir = _tiny_data(tmp_path)
+  teacher = _config(tmp_path, data_dir, 'teacher', 4)
+  train.train(teacher)
+  # Offline data for the draft: here, the references (any split will do).
+  distill_dir = tmp_path / 'distill'
+  split = tasks.TokenizedSplit.load(
+      tasks.tokenized_path(data_dir, 'translate_en_de', 'train'))
+  split.save(str(distill_dir / 'translate_en_de_train.npz'))
+  total = int(split.target_offsets[-1])
+  train.DistillationTargets(
+      ids=split.targets[:, None].astype(np.uint16),
+      probs=np.ones((total, 1), np.float16)).save(
+          str(distill_dir / 'translate_en_de_train_teacher.npz'))
+  draft = train.TrainConfig(**{
+      **_config(tmp_path, data_dir, 'draft', 1000).__dict__,
+      'distillation_dir': str(distill_dir),
+      'teacher_dir': teacher.model_dir, 'on_policy_fraction': 0.5,
+      'time_limit_seconds': 0.0})
+  metrics = train.train(draft)
+  with open(os.path.join(draft.model_dir, 'train_log.jsonl')) as f:
+    records = [json.loads(line) for line in f]
+  # The time limit stops training at the first logging step.
+  assert records[-1]['step'] == draft.log_every
+  assert metrics['step'] == draft.log_every
+  on_policy_steps = [s for s in range(draft.log_every)
+                     if train._is_on_policy(draft, s)]  # pylint: disable=protected-access
+  assert on_policy_steps  # Seed 0 makes step 1 an on-policy step.
+  assert 0.0 <= records[-1]['on_policy_divergence'] <= 1.0
+  assert os.path.isdir(os.path.join(draft.model_dir,
+                                    f'checkpoint_{draft.log_every}'))
