@@ -26,6 +26,7 @@ setuptools.setup(
         'msgpack',
         'numpy',
         'optax',
+        'safetensors',
         'sentencepiece',
         'tensorstore',
     ],

@@ -4,6 +4,8 @@ Public API:
   T5Config, t5_config(name, **overrides): model configs and T5X presets.
   init_params(config, rng): T5X-style initial parameters.
   load_t5x_checkpoint(path, config=None, dtype=None), save_t5x_checkpoint(...).
+  load_hf_checkpoint(path, dtype=None): a Hugging Face T5 folder (safetensors)
+    as a Model.
   Model(config, params): a model with `.logits(...)`.
   generate(model, encoder_input_tokens, *, max_decode_len, ..., draft=None,
            gamma=4): baseline decoding, or speculative decoding with a draft.
@@ -14,6 +16,7 @@ from spec_decode.checkpoints import load_t5x_checkpoint
 from spec_decode.checkpoints import save_t5x_checkpoint
 from spec_decode.decoding import DecodeResult
 from spec_decode.generation import generate
+from spec_decode.hf_checkpoints import load_hf_checkpoint
 from spec_decode.model import init_params
 from spec_decode.model import logical_axes
 from spec_decode.model import Model
@@ -25,6 +28,6 @@ __version__ = '0.1.0'
 
 __all__ = [
     'CheckpointError', 'DecodeResult', 'Model', 'SamplingConfig', 'T5Config',
-    'generate', 'init_params', 'load_t5x_checkpoint', 'logical_axes',
-    'save_t5x_checkpoint', 't5_config',
+    'generate', 'init_params', 'load_hf_checkpoint', 'load_t5x_checkpoint',
+    'logical_axes', 'save_t5x_checkpoint', 't5_config',
 ]
