@@ -2,7 +2,10 @@ r"""Where a speculative iteration's time goes, with the shipped models.
 
   python scripts/iteration_costs.py --draft=t5_local_draft_tiny --gamma=3
 
-Prints, at batch 1 on one held-out En->De input:
+Prints the machine (CPU model and a digest of its flags, backend), then the
+K-curve: what a target call scoring K = 1 .. --max_k tokens costs in
+single-token steps, and c (`costs.measure_profile`, measured afresh, not
+read from the cache). Then, at batch 1 on one held-out En->De input:
   * the decoder-call costs the analysis uses (target at 1 and gamma+1
     tokens, draft at 1 and 2 tokens; the draft's first step after an
     all-accepted iteration feeds 2), each timed inside a compiled loop as
@@ -21,6 +24,7 @@ import numpy as np
 import spec_decode as sd
 from spec_decode import analysis
 from spec_decode import benchmark
+from spec_decode import costs
 from spec_decode import evaluation
 from spec_decode import pretrained
 from spec_decode.data import tasks
@@ -32,12 +36,22 @@ flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
 flags.DEFINE_integer('example', 3, 'Index of the En->De test example.')
 flags.DEFINE_integer('max_decode_len', 48, 'Output limit.')
 flags.DEFINE_integer('repeats', 9, 'Timed calls per decoder.')
+flags.DEFINE_integer('max_k', 8, 'Largest chunk of the K-curve.')
 
 
 def main(argv):
   del argv
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)
+  machine = costs.machine_description()
+  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  profile = costs.measure_profile(target, draft, 1, FLAGS.max_k - 1,
+                                  repeats=FLAGS.repeats)
+  print(f'K-curve (target call on K tokens / one-token step, batch 1; '
+        f'one-token step {1e3 * profile.target_step_seconds:.2f} ms): ' +
+        ' '.join(f'{k}:{profile.verify_cost(k - 1):.2f}'
+                 for k in range(1, FLAGS.max_k + 1)) +
+        f'; c = {profile.c:.4f}')
   source = tasks.load_pairs('translate_en_de', 'test')[FLAGS.example][0]
   enc = evaluation.trim_padding(evaluation.encode_inputs(
       pretrained.vocabulary(), 'translate_en_de', [source], 64))

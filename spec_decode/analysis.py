@@ -215,16 +215,18 @@ def corollary_alpha(results: Union[DecodeResult, Sequence[DecodeResult]]
 
 
 @functools.lru_cache(maxsize=None)
-def _decode_steps_function(config, steps: int):
-  """A compiled loop of `steps` decoder calls, each fed the previous argmax.
+def _decode_steps_function(config):
+  """A compiled loop of decoder calls, each fed the previous argmax.
 
   Timing calls inside one compiled loop, as the decoders make them, leaves
   out the per-call dispatch a separately jitted step would add (a large part
   of a small draft's step on a CPU). Feeding each call the previous call's
-  argmax keeps the compiler from hoisting work out of the loop.
+  argmax keeps the compiler from hoisting work out of the loop, and the trip
+  count is a traced argument, so the loop is a real while loop (the
+  decoders' loops are) rather than one the compiler may unroll.
   """
 
-  def run(params, tokens, start, cache, encoded):
+  def run(params, tokens, start, cache, encoded, steps):
     chunk_len = tokens.shape[1]
 
     def body(i, carry):
@@ -245,19 +247,35 @@ def _prepare_function(config):
   return jax.jit(functools.partial(prepare_decoding, config))
 
 
-def _timed_decoder_calls(model: Model, encoder_input_tokens: Any,
-                         chunk_len: int, position: int, steps: int
+def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
+                         chunk_len: int, position: int, steps: int,
+                         cache_steps: Optional[int] = None
                          ) -> Callable[[], Any]:
-  """A zero-argument callable running `steps` decoder calls of `chunk_len`."""
+  """A zero-argument callable running `steps` decoder calls of `chunk_len`.
+
+  Args:
+    model: The model.
+    encoder_input_tokens: int [batch, enc_len] inputs.
+    chunk_len: Tokens per row per call.
+    position: Decoder position of the first call.
+    steps: Calls per run.
+    cache_steps: Size the cache for this many calls (>= steps); callables
+      with equal `cache_steps` share one compiled loop whatever `steps`.
+
+  Returns:
+    The callable.
+  """
   enc = jnp.asarray(encoder_input_tokens, jnp.int32)
   batch = enc.shape[0]
   config = model.config
   encoded = _prepare_function(config)(model.params, enc)
-  cache = init_cache(config, batch, position + steps * chunk_len + 8)
-  run = _decode_steps_function(config, steps)
+  cache_steps = max(steps, cache_steps or steps)
+  cache = init_cache(config, batch, position + cache_steps * chunk_len + 8)
+  run = _decode_steps_function(config)
   tokens = jnp.ones((batch, chunk_len), jnp.int32)
   start = jnp.full((batch,), position, jnp.int32)
-  return lambda: run(model.params, tokens, start, cache, encoded)
+  count = jnp.asarray(steps, jnp.int32)
+  return lambda: run(model.params, tokens, start, cache, encoded, count)
 
 
 def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
@@ -277,7 +295,7 @@ def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
   Returns:
     Seconds per call.
   """
-  call = _timed_decoder_calls(model, encoder_input_tokens, chunk_len,
+  call = timed_decoder_calls(model, encoder_input_tokens, chunk_len,
                               position, steps)
   return benchmark.median(benchmark.interleaved_timings(
       {'calls': call}, repeats, warmup=2)['calls']) / steps
@@ -310,7 +328,7 @@ def measure_costs(target: Model, draft: Model, encoder_input_tokens: Any,
       'target_verify_seconds': (target, gamma + 1),
   }
   timings = benchmark.interleaved_timings(
-      {name: _timed_decoder_calls(model, encoder_input_tokens, chunk_len,
+      {name: timed_decoder_calls(model, encoder_input_tokens, chunk_len,
                                   8, steps)
        for name, (model, chunk_len) in calls.items()}, repeats, warmup=2)
   seconds = {name: benchmark.median(values) / steps

@@ -7,7 +7,7 @@ whole call is one jitted `lax.while_loop`: no host round trip per token.
 """
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import jax
@@ -46,6 +46,10 @@ class DecodeResult:
     verified_positions: int32 [batch] positions beta was averaged over (the
       accepted draft tokens plus each first rejected one).
     num_iterations: int32 [] loop iterations the whole batch ran.
+    gamma: Draft tokens per iteration that ran (0: baseline decoding).
+    predicted_speedup: With `gamma='auto'`, the speedup over baseline the
+      measured costs and the alpha estimate predicted for the choice (1.0
+      for a choice of baseline); None otherwise or while calibrating.
   """
   tokens: Array
   lengths: Array
@@ -57,6 +61,9 @@ class DecodeResult:
   mean_beta: Array
   verified_positions: Array
   num_iterations: Array
+  gamma: int = flax.struct.field(pytree_node=False, default=0)
+  predicted_speedup: Optional[float] = flax.struct.field(pytree_node=False,
+                                                         default=None)
 
   @property
   def sequence_logprobs(self) -> Array:

@@ -4,12 +4,15 @@ It validates every argument on the host (so mistakes surface as clear errors
 naming the argument, not as XLA stack traces), then calls the jitted core.
 """
 
-from typing import Any, Optional
+import collections
+import dataclasses
+from typing import Any, Deque, Dict, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import costs
 from spec_decode import decoding
 from spec_decode import sampling as sampling_lib
 from spec_decode import speculative
@@ -23,7 +26,8 @@ Array = jax.Array
 def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              eos_id: Optional[int] = None, rng: Optional[Array] = None,
-             draft: Optional[Model] = None, gamma: int = 4,
+             draft: Optional[Model] = None,
+             gamma: Union[int, str] = 4,
              lenience: float = 1.0) -> DecodeResult:
   """Decodes with `model`, speculatively when a `draft` model is given.
 
@@ -75,6 +79,13 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   if draft is None:
     return decoding.baseline_generate(config, model.params, tokens, rng,
                                       max_decode_len, sampling, eos_id)
+  if isinstance(gamma, str):
+    if gamma != 'auto':
+      raise ValueError(f"gamma must be a positive integer or 'auto', got "
+                       f'{gamma!r}.')
+    speculative.check_compatible(model, draft)
+    return _auto_generate(model, draft, tokens, rng, max_decode_len,
+                          sampling, eos_id, lenience)
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience)
@@ -91,3 +102,97 @@ def _check_rng(rng: Any) -> Array:
                     f'jax.random.PRNGKey(0)), got {type(rng).__name__} with '
                     f'shape {array.shape} and dtype {array.dtype}.')
   return jnp.asarray(array)
+
+
+CALIBRATION_GAMMA = 3
+_RECENT_LENGTHS = 256
+
+
+@dataclasses.dataclass
+class _AlphaEstimate:
+  """Running acceptance and output-length figures of one (pair, sampling)."""
+  beta_sum: float = 0.0
+  beta_count: int = 0
+  lengths: Deque[int] = dataclasses.field(
+      default_factory=lambda: collections.deque(maxlen=_RECENT_LENGTHS))
+
+  @property
+  def alpha(self) -> float:
+    return self.beta_sum / max(self.beta_count, 1)
+
+
+_ESTIMATES: Dict[Tuple[str, Any], _AlphaEstimate] = {}
+
+
+def reset_auto_estimates() -> None:
+  """Forgets the alpha estimates `gamma='auto'` has gathered."""
+  _ESTIMATES.clear()
+
+
+def auto_estimate(model: Model, draft: Model, temperature: float = 0.0,
+                  top_k: int = 0, top_p: float = 1.0
+                  ) -> Optional[Tuple[float, Tuple[int, ...]]]:
+  """(alpha, recent output lengths) `gamma='auto'` has measured, or None."""
+  sampling = sampling_lib.SamplingConfig(temperature, top_k, top_p)
+  estimate = _ESTIMATES.get((_pair_key(model, draft), sampling))
+  if estimate is None or not estimate.beta_count:
+    return None
+  return estimate.alpha, tuple(estimate.lengths)
+
+
+def _pair_key(model: Model, draft: Model) -> str:
+  return costs.cache_key(model, draft, 0, 0)
+
+
+def resolve_auto_gamma(model: Model, draft: Model, batch_size: int,
+                       sampling: sampling_lib.SamplingConfig
+                       ) -> Tuple[int, Optional[float]]:
+  """What `gamma='auto'` would run now: (gamma, predicted speedup).
+
+  Args:
+    model: The target.
+    draft: The draft.
+    batch_size: Rows per call (costs are measured per batch size).
+    sampling: The sampling settings (alpha is estimated per setting).
+
+  Returns:
+    (gamma, predicted speedup over baseline); gamma 0 means baseline
+    decoding (predicted 1.0); (CALIBRATION_GAMMA, None) before any alpha
+    has been measured for this pair and sampling.
+  """
+  profile = costs.cost_profile(model, draft, batch_size)
+  estimate = _ESTIMATES.get((_pair_key(model, draft), sampling))
+  if estimate is None or not estimate.beta_count:
+    return min(CALIBRATION_GAMMA, profile.max_gamma), None
+  return costs.choose_gamma(estimate.alpha, profile, estimate.lengths)
+
+
+def record_auto_result(model: Model, draft: Model,
+                       sampling: sampling_lib.SamplingConfig,
+                       result: DecodeResult) -> None:
+  """Adds a result's beta and output lengths to the running estimates."""
+  estimate = _ESTIMATES.setdefault((_pair_key(model, draft), sampling),
+                                   _AlphaEstimate())
+  if result.gamma:
+    verified = np.asarray(result.verified_positions)
+    beta = np.nan_to_num(np.asarray(result.mean_beta))
+    estimate.beta_sum += float(np.sum(beta * verified))
+    estimate.beta_count += int(np.sum(verified))
+  estimate.lengths.extend(int(n) for n in np.asarray(result.lengths))
+
+
+def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
+                   max_decode_len: int, sampling, eos_id: int,
+                   lenience: float) -> DecodeResult:
+  """Decodes with the gamma (or baseline) the measured costs favour."""
+  gamma, predicted = resolve_auto_gamma(model, draft, tokens.shape[0],
+                                        sampling)
+  if gamma == 0:
+    result = decoding.baseline_generate(model.config, model.params, tokens,
+                                        rng, max_decode_len, sampling, eos_id)
+  else:
+    result = speculative.speculative_generate(
+        model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
+        sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience)
+  record_auto_result(model, draft, sampling, result)
+  return result.replace(gamma=gamma, predicted_speedup=predicted)

@@ -16,7 +16,7 @@ import dataclasses
 import json
 import sys
 import time
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Union
 
 from absl import flags
 import jax
@@ -38,7 +38,8 @@ class InferConfig:
     draft: The draft proposing tokens, or None for baseline decoding.
     task: Local task whose input prefix is added ('translate_en_de',
       'summarize').
-    gamma: Draft tokens per speculative iteration.
+    gamma: Draft tokens per speculative iteration, or 'auto' (from costs
+      measured on this machine; see `spec_decode.generate`).
     temperature: 0 is greedy.
     top_k: Keep the k most likely tokens (0 keeps all).
     top_p: Nucleus mass kept, in (0, 1].
@@ -55,7 +56,7 @@ class InferConfig:
       label='local target', pretrained='t5_local_target')
   draft: Optional[reproduce.ModelSpec] = None
   task: str = 'translate_en_de'
-  gamma: int = 5
+  gamma: Union[int, str] = 5
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0

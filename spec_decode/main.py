@@ -2,28 +2,34 @@ r"""The main job: baseline vs speculative decoding with the shipped models.
 
   python -m spec_decode.main                       # the embedded default
   python -m spec_decode.main --gin_file=configs/runs/main.gin \
-      --gin.main.MainConfig.gamma=5 --output_dir=/tmp/out
+      --gin.main.MainConfig.gamma=5 --output_dir=/tmp/out   # a fixed gamma
 
 Decodes held-out test examples of both tasks at batch 1, greedy and at
 temperature 1, with baseline decoding and with speculative decoding
 (interleaved, after compilation), then prints a few examples, whether greedy
 outputs are identical, the measured alpha, tokens per target call, per-token
 latency, the measured speedup and the speedup the paper's formula predicts
-from the measured alpha and cost coefficient c. The same figures are written
-as JSON into the output folder.
+from the measured alpha and cost coefficient c. By default gamma is 'auto':
+the decoder costs are measured on this machine (cached, see
+`spec_decode.costs`), and before each example the gamma predicted fastest
+from them and the alpha seen so far runs, or plain baseline decoding when
+no gamma is predicted to pay; the table says which gammas ran. The same
+figures are written as JSON into the output folder.
 """
+
+import collections
 
 import dataclasses
 import datetime
 import json
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from absl import flags
 import jax
 
-from spec_decode import analysis
+from spec_decode import costs as costs_lib
 from spec_decode import evaluation
 from spec_decode import gin_utils
 from spec_decode import pretrained
@@ -41,7 +47,9 @@ class MainConfig:
     tasks: Tasks to decode.
     num_examples: Test examples per task (batch 1 each).
     temperatures: Sampling temperatures; 0 is greedy.
-    gamma: Draft tokens per iteration.
+    gamma: Draft tokens per iteration, or 'auto' (chosen per example from
+      the costs measured on this machine and the running alpha estimate;
+      baseline decoding when no gamma pays).
     max_decode_len: Output length limit.
     input_length: Encoder inputs are truncated and padded to this length.
     data_dir: Folder from scripts/prepare_data.py; None uses the committed
@@ -56,7 +64,7 @@ class MainConfig:
   tasks: Tuple[str, ...] = ('translate_en_de', 'summarize')
   num_examples: int = 32
   temperatures: Tuple[float, ...] = (0.0, 1.0)
-  gamma: int = 3
+  gamma: Union[int, str] = 'auto'
   max_decode_len: int = 48
   input_length: int = 64
   data_dir: Optional[str] = None
@@ -69,8 +77,14 @@ def _log(message: str) -> None:
   print(f'[{time.strftime("%H:%M:%S")}] {message}', flush=True)
 
 
+def _costs_at(profile: costs_lib.CostProfile, gamma: int
+              ) -> Dict[str, float]:
+  return {'c': profile.c, 'verify_cost': profile.verify_cost(gamma)}
+
+
 def run_task(config: MainConfig, target, draft, vocabulary, task: str,
-             temperature: float, costs: Dict[str, float]) -> Dict[str, object]:
+             temperature: float, profile: costs_lib.CostProfile
+             ) -> Dict[str, object]:
   """Decodes the task's examples one by one; returns its figures."""
   pairs = tasks.load_pairs(task, 'test', config.data_dir)[:config.num_examples]
   sources = [source for source, _ in pairs]
@@ -92,36 +106,57 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
       temperature=temperature, gamma=config.gamma,
       max_decode_len=config.max_decode_len, seed=config.seed,
       repeats=config.timing_repeats, on_batch=show)
-  figures = reproduce.add_predictions(figures, config.gamma, costs)
+  # Predictions at the gamma most examples ran (none if that is baseline).
+  gamma = collections.Counter(figures['gammas']).most_common(1)[0][0]
+  if gamma:
+    figures = reproduce.add_predictions(figures, gamma,
+                                        _costs_at(profile, gamma))
   identical = figures['identical_rows'] == figures['rows']
-  return {'task': task, 'temperature': temperature, 'gamma': config.gamma,
+  return {'task': task, 'temperature': temperature, 'gamma': gamma,
+          'gamma_setting': config.gamma,
           'examples': len(pairs),
           'greedy_identical': identical if temperature == 0 else None,
           **figures, 'examples_shown': shown}
 
 
 def format_table(rows: Sequence[Dict[str, object]]) -> str:
-  header = ('task', 'T', 'greedy=', 'alpha', 'beta', 'tok/call', 'base ms',
-            'spec ms', 'speedup', 'pred', 'pred+v', 'pred+v+n')
+  header = ('task', 'T', 'gammas', 'greedy=', 'alpha', 'beta', 'tok/call',
+            'base ms', 'spec ms', 'speedup', 'pred', 'pred+v', 'pred+v+n')
   lines = ['  '.join(f'{h:>9}' for h in header)]
+
+  def times(value):
+    return '-' if value is None else f'{value:.2f}x'
+
   for row in rows:
     same = row['greedy_identical']
     cells = (row['task'][:9], f"{row['temperature']:.1f}",
+             gamma_summary(row['gammas']),
              '-' if same is None else ('yes' if same else 'NO'),
              f"{row['alpha']:.3f}", f"{row['alpha_beta']:.3f}",
              f"{row['tokens_per_target_call']:.2f}",
              f"{row['baseline_ms_per_token']:.2f}",
              f"{row['speculative_ms_per_token']:.2f}",
-             f"{row['measured_speedup']:.2f}x",
-             f"{row['predicted_speedup']:.2f}x",
-             f"{row['predicted_speedup_with_verify_cost']:.2f}x",
-             f"{row['predicted_speedup_at_lengths']:.2f}x")
+             times(row['measured_speedup']),
+             times(row.get('predicted_speedup')),
+             times(row.get('predicted_speedup_with_verify_cost')),
+             times(row.get('predicted_speedup_at_lengths')))
     lines.append('  '.join(f'{c:>9}' for c in cells))
   return '\n'.join(lines)
 
 
+def gamma_summary(gammas: Sequence[int]) -> str:
+  """'3:1,2:31' for one example at gamma 3 and 31 at 2 (0: baseline)."""
+  counts = collections.Counter(gammas)
+  return ','.join(f'{g}:{n}' for g, n in sorted(counts.items(),
+                                                  reverse=True))
+
+
 def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
   """Runs the main job; returns (and writes) its figures."""
+  if isinstance(config.gamma, bool) or config.gamma != 'auto' and (
+      not isinstance(config.gamma, int) or config.gamma < 1):
+    raise ValueError(f"gamma must be 'auto' or a positive integer, got "
+                     f'{config.gamma!r}.')
   start = time.time()
   _log(f'loading {config.target} and {config.draft}')
   target = pretrained.load(config.target)
@@ -129,22 +164,27 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
   vocabulary = pretrained.vocabulary()
   _log(f'target: {target}')
   _log(f'draft:  {draft}')
-  probe = evaluation.trim_padding(evaluation.encode_inputs(
-      vocabulary, config.tasks[0],
-      [tasks.load_pairs(config.tasks[0], 'test', config.data_dir)[0][0]],
-      config.input_length))
-  costs = analysis.measure_costs(target, draft, probe, config.gamma)
-  _log(f"c = {costs['c']:.4f} (draft step {1e3 * costs['draft_step_seconds']:.2f}"
-       f" ms, target step {1e3 * costs['target_step_seconds']:.2f} ms); "
-       f"scoring {config.gamma + 1} tokens costs {costs['verify_cost']:.2f} "
-       'target steps')
+  machine = costs_lib.machine_description()
+  _log(f"machine: {machine['cpu']} ({machine['backend']}, "
+       f"{machine['cpu_count']} cores)")
+  profile = costs_lib.cost_profile(
+      target, draft, 1, max_gamma=max(costs_lib.DEFAULT_MAX_GAMMA,
+                                      0 if config.gamma == 'auto'
+                                      else config.gamma))
+  _log(f'c = {profile.c:.4f} (draft step '
+       f'{1e3 * profile.draft_step_seconds:.2f} ms, target step '
+       f'{1e3 * profile.target_step_seconds:.2f} ms); a target call scoring '
+       'K = 1..%d tokens costs %s target steps' % (
+           profile.max_gamma + 1, ' / '.join(
+               f'{profile.verify_cost(k - 1):.2f}'
+               for k in range(1, profile.max_gamma + 2))))
   rows = []
   for task in config.tasks:
     for temperature in config.temperatures:
       _log(f'{task}, temperature {temperature}: decoding '
            f'{config.num_examples} examples at batch 1')
       rows.append(run_task(config, target, draft, vocabulary, task,
-                           temperature, costs))
+                           temperature, profile))
   print()
   for row in rows:
     if row['temperature'] == 0:
@@ -156,11 +196,14 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
         print(f"  speculative: {example['speculative']}")
         print()
   print(format_table(rows))
-  print('\npred: Theorem 3.8 from measured alpha and c; pred+v: the same with '
-        'the measured cost of scoring gamma+1 tokens in one target call; '
-        'pred+v+n: also ending each output at its real length (the last '
-        'call of an output keeps only the tokens up to its end).')
-  report = {'config': dataclasses.asdict(config), 'costs': costs,
+  print('\ngammas: gamma:examples that ran it (0: baseline decoding); '
+        'pred: Theorem 3.8 from measured alpha and c at the most common '
+        'gamma; pred+v: the same with the measured cost of scoring gamma+1 '
+        'tokens in one target call; pred+v+n: also ending each output at its '
+        'real length (the last call of an output keeps only the tokens up '
+        'to its end).')
+  report = {'config': dataclasses.asdict(config),
+            'costs': profile.to_json(), 'machine': machine,
             'device': jax.devices()[0].device_kind,
             'seconds': time.time() - start, 'rows': rows}
   os.makedirs(output_dir, exist_ok=True)

@@ -8,7 +8,8 @@ the results and save them. Notebooks can call the same functions.
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
+                    Union)
 
 import jax
 import numpy as np
@@ -19,6 +20,7 @@ from spec_decode import checkpoints
 from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import pretrained
+from spec_decode import sampling as sampling_lib
 from spec_decode.data import tasks
 from spec_decode.model import Model
 from spec_decode.model import T5Config
@@ -180,7 +182,8 @@ def timing_batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
 
 def compare_decoders(target: Model, draft: Model,
                      batches: Sequence[np.ndarray], *, temperature: float,
-                     gamma: int, max_decode_len: int, lenience: float = 1.0,
+                     gamma: Union[int, str], max_decode_len: int,
+                     lenience: float = 1.0,
                      seed: int = 0, repeats: int = 3,
                      on_batch: Optional[Callable[..., None]] = None
                      ) -> Dict[str, Any]:
@@ -195,7 +198,11 @@ def compare_decoders(target: Model, draft: Model,
     draft: The draft.
     batches: int32 [batch, length] encoder inputs, decoded one after another.
     temperature: 0 for greedy.
-    gamma: Draft tokens per iteration.
+    gamma: Draft tokens per iteration, or 'auto': before each batch,
+      `generation.resolve_auto_gamma` picks gamma (0: baseline) from the
+      measured costs and the alpha seen so far, the batch is timed at that
+      gamma (so no timed call compiles), and its result then updates the
+      estimate, as `generate(..., gamma='auto')` does.
     max_decode_len: Output limit.
     lenience: 1.0 is exact.
     seed: Sampling seed (batch i uses fold_in(seed, i)).
@@ -204,10 +211,13 @@ def compare_decoders(target: Model, draft: Model,
 
   Returns:
     alpha (empirical and Corollary 3.6), tokens per target call, per-token
-    latencies, the measured speedup, how many rows were identical, and the
-    speculative output lengths (for `add_predictions`).
+    latencies, the measured speedup, how many rows were identical, the
+    speculative output lengths (for `add_predictions`) and the gamma each
+    batch ran (`gammas`; 0 where 'auto' chose baseline decoding).
   """
   rng = jax.random.PRNGKey(seed)
+  sampling = sampling_lib.SamplingConfig(temperature)
+  gammas = []
   common = dict(max_decode_len=max_decode_len, temperature=temperature)
   seconds = {'baseline': 0.0, 'speculative': 0.0}
   tokens = {'baseline': 0, 'speculative': 0}
@@ -217,15 +227,20 @@ def compare_decoders(target: Model, draft: Model,
   for index, batch in enumerate(batches):
     key = jax.random.fold_in(rng, index)
     out = {}
+    batch_gamma = gamma
+    if gamma == 'auto':
+      batch_gamma, _ = generation.resolve_auto_gamma(
+          target, draft, np.shape(batch)[0], sampling)
+    gammas.append(batch_gamma)
 
     def baseline(batch=batch, key=key, out=out):
       out['baseline'] = generation.generate(target, batch, rng=key, **common)
       return out['baseline'].tokens
 
-    def speculative(batch=batch, key=key, out=out):
+    def speculative(batch=batch, key=key, out=out, batch_gamma=batch_gamma):
       out['speculative'] = generation.generate(
-          target, batch, rng=key, draft=draft, gamma=gamma,
-          lenience=lenience, **common)
+          target, batch, rng=key, draft=draft if batch_gamma else None,
+          gamma=batch_gamma or 1, lenience=lenience, **common)
       return out['speculative'].tokens
 
     # A batch of a shape not seen yet first compiles both decoders, untimed.
@@ -238,6 +253,8 @@ def compare_decoders(target: Model, draft: Model,
       seconds[name] += benchmark.median(timings[name])
       tokens[name] += int(np.sum(out[name].lengths))
     spec = out['speculative']
+    if gamma == 'auto':
+      generation.record_auto_result(target, draft, sampling, spec)
     speculative_results.append(spec)
     same = np.all(np.asarray(spec.tokens) == np.asarray(
         out['baseline'].tokens), axis=1)
@@ -254,6 +271,7 @@ def compare_decoders(target: Model, draft: Model,
       'identical_rows': stats['identical'], 'rows': stats['rows'],
       'output_lengths': [int(n) for r in speculative_results
                          for n in np.asarray(r.lengths)],
+      'gammas': gammas,
   }
 
 

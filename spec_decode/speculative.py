@@ -349,7 +349,8 @@ def _speculative_generate(target_config, draft_config, target_params,
       acceptance_rate=state.accepted / state.beta_count,
       mean_beta=state.beta_sum / state.beta_count,
       verified_positions=state.beta_count,
-      num_iterations=state.iteration)
+      num_iterations=state.iteration,
+      gamma=gamma)
 
 
 def check_compatible(target: Model, draft: Model) -> None:

@@ -7,24 +7,56 @@ import sys
 
 import pytest
 
+from spec_decode import costs
+from spec_decode import generation
 from spec_decode import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.slow
-def test_main_job_end_to_end(tmp_path):
-  config = main.MainConfig(num_examples=2, show_examples=1,
+def test_main_job_end_to_end(tmp_path, monkeypatch):
+  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path / 'cache'))
+  generation.reset_auto_estimates()
+  config = main.MainConfig(num_examples=3, show_examples=1,
                            max_decode_len=16)
+  assert config.gamma == 'auto'
   report = main.run(config, str(tmp_path))
   assert len(report['rows']) == 4
+  assert report['machine']['cpu'] and report['costs']['verify_seconds']
+  # The first example at each temperature calibrates alpha (estimates are
+  # kept per model pair and sampling); later ones run what was chosen.
+  for row in report['rows'][:2]:
+    assert row['gammas'][0] == generation.CALIBRATION_GAMMA
   for row in report['rows']:
-    assert 0.0 <= row['alpha'] <= 1.0
-    assert row['measured_speedup'] > 0 and row['predicted_speedup'] > 0
+    assert len(row['gammas']) == 3
+    if any(row['gammas']):
+      assert 0.0 <= row['alpha'] <= 1.0
+    assert row['measured_speedup'] > 0
+    if row['gamma']:
+      assert row['predicted_speedup'] > 0
     if row['temperature'] == 0:
       assert row['greedy_identical'] is True
+  # The measured costs were cached for the next run.
+  assert costs.read_cache(costs.cache_path())
   saved = json.load(open(tmp_path / 'main.json'))
   assert saved['rows'][0]['task'] == 'translate_en_de'
+
+
+@pytest.mark.slow
+def test_main_job_with_a_fixed_gamma(tmp_path, monkeypatch):
+  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path / 'cache'))
+  config = main.MainConfig(num_examples=2, show_examples=0,
+                           max_decode_len=12, gamma=2,
+                           tasks=('translate_en_de',), temperatures=(0.0,))
+  (row,) = main.run(config, str(tmp_path))['rows']
+  assert row['gammas'] == [2, 2] and row['greedy_identical'] is True
+  assert row['predicted_speedup'] > 0
+
+
+def test_main_job_refuses_a_bad_gamma(tmp_path):
+  with pytest.raises(ValueError, match="gamma must be 'auto' or a positive"):
+    main.run(main.MainConfig(gamma=0), str(tmp_path))
 
 
 @pytest.mark.slow
@@ -36,7 +68,8 @@ def test_main_cli_takes_gin_flags(tmp_path):
        '--gin.main.MainConfig.temperatures=(0.0,)',
        '--gin.main.MainConfig.max_decode_len=8',
        f'--output_dir={tmp_path}'],
-      capture_output=True, text=True, cwd=ROOT, check=False)
+      capture_output=True, text=True, cwd=ROOT, check=False,
+      env={**os.environ, costs.CACHE_DIR_ENV: str(tmp_path / 'cache')})
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'summarize' in result.stdout
   rows = json.load(open(tmp_path / 'main.json'))['rows']

@@ -1,0 +1,283 @@
+"""Decoder costs measured where decoding runs, cached, and gamma chosen from them.
+
+Whether speculation pays depends on the machine: how much more a target call
+costs when it scores K tokens instead of one (1.2x on one CPU, 1.7x on
+another, ~1x on an accelerator at batch 1) and what a draft step costs next
+to a target step (c). So `gamma='auto'` measures both here, once per
+(target shapes, draft shapes, batch size, backend, device, CPU model and
+flags, jax version), keeps them in a small JSON file under the user's cache
+directory, and picks the gamma that Theorem 3.8 (at the outputs' real
+lengths) predicts to be fastest, or plain baseline decoding when none is
+predicted to beat it.
+
+The cache is never trusted blindly: an unreadable, malformed or
+wrong-version file, or an entry whose figures are not positive numbers, is
+measured again; writes go to a temporary file renamed into place, so two
+processes writing at once leave one whole file, never a torn one.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode import analysis
+from spec_decode import benchmark
+from spec_decode.model import Model
+
+CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
+CACHE_FORMAT = 1
+# A choice must beat baseline by this much in prediction: measured speedups
+# run below predicted ones (loop bookkeeping, the draft's two-token first
+# step), and losing to baseline is worse than missing a small gain.
+MIN_PREDICTED_SPEEDUP = 1.1
+DEFAULT_MAX_GAMMA = 7
+
+
+@dataclasses.dataclass(frozen=True)
+class CostProfile:
+  """Seconds per decoder call on this machine, at one batch size.
+
+  Attributes:
+    target_step_seconds: A target call scoring one token per row.
+    draft_step_seconds: A draft call scoring one token per row.
+    verify_seconds: verify_seconds[k - 1] is a target call scoring k tokens
+      per row, k = 1 .. max_gamma + 1.
+  """
+  target_step_seconds: float
+  draft_step_seconds: float
+  verify_seconds: Tuple[float, ...]
+
+  @property
+  def c(self) -> float:
+    """Draft step over target step (the paper's cost coefficient)."""
+    return self.draft_step_seconds / self.target_step_seconds
+
+  @property
+  def max_gamma(self) -> int:
+    return len(self.verify_seconds) - 1
+
+  def verify_cost(self, gamma: int) -> float:
+    """A target call on gamma + 1 tokens, in single-token target steps."""
+    return self.verify_seconds[gamma] / self.target_step_seconds
+
+  def to_json(self) -> Dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_json(cls, entry: Any) -> Optional['CostProfile']:
+    """The profile an entry holds, or None if it is malformed."""
+    try:
+      profile = cls(float(entry['target_step_seconds']),
+                    float(entry['draft_step_seconds']),
+                    tuple(float(v) for v in entry['verify_seconds']))
+    except (KeyError, TypeError, ValueError):
+      return None
+    values = (profile.target_step_seconds, profile.draft_step_seconds,
+              *profile.verify_seconds)
+    if len(profile.verify_seconds) < 2 or not all(
+        math.isfinite(v) and v > 0 for v in values):
+      return None
+    return profile
+
+
+def machine_description() -> Dict[str, str]:
+  """What the costs depend on besides the models: backend, device, CPU."""
+  cpu = {}
+  try:
+    with open('/proc/cpuinfo') as f:
+      for line in f:
+        key, _, value = line.partition(':')
+        if key.strip() in ('model name', 'flags'):
+          cpu.setdefault(key.strip(), value.strip())
+  except OSError:
+    pass
+  return {
+      'backend': jax.default_backend(),
+      'device': jax.devices()[0].device_kind,
+      'device_count': str(jax.device_count()),
+      'cpu': cpu.get('model name') or platform.processor() or
+             platform.machine(),
+      'cpu_vector_flags': ' '.join(sorted(
+          f for f in cpu.get('flags', '').split()
+          if f.startswith(('avx', 'fma', 'amx')))),
+      'cpu_flags_sha': hashlib.sha256(
+          cpu.get('flags', '').encode()).hexdigest()[:16],
+      'cpu_count': str(os.cpu_count()),
+      'jax': jax.__version__,
+  }
+
+
+def model_description(model: Model) -> Dict[str, Any]:
+  """The model's shapes and dtypes (costs do not depend on the values)."""
+  config = dataclasses.asdict(model.config)
+  leaves = jax.tree_util.tree_flatten_with_path(model.params)[0]
+  shapes = [(jax.tree_util.keystr(path), list(np.shape(leaf)),
+             str(np.asarray(leaf).dtype) if not hasattr(leaf, 'dtype')
+             else str(leaf.dtype)) for path, leaf in leaves]
+  return {'config': config, 'params': shapes}
+
+
+def cache_key(target: Model, draft: Model, batch_size: int,
+              max_gamma: int) -> str:
+  description = {'target': model_description(target),
+                 'draft': model_description(draft),
+                 'batch_size': batch_size, 'max_gamma': max_gamma,
+                 'machine': machine_description()}
+  text = json.dumps(description, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cache_path() -> str:
+  """$SPEC_DECODE_CACHE_DIR, else $XDG_CACHE_HOME/spec_decode, else ~/.cache."""
+  folder = os.environ.get(CACHE_DIR_ENV) or os.path.join(
+      os.environ.get('XDG_CACHE_HOME') or os.path.join(
+          os.path.expanduser('~'), '.cache'), 'spec_decode')
+  return os.path.join(folder, 'costs.json')
+
+
+def read_cache(path: str) -> Dict[str, Any]:
+  """The cache's entries; {} for a missing, unreadable or malformed file."""
+  try:
+    with open(path) as f:
+      data = json.load(f)
+  except (OSError, ValueError):
+    return {}
+  if (not isinstance(data, dict) or data.get('format') != CACHE_FORMAT
+      or not isinstance(data.get('entries'), dict)):
+    return {}
+  return data['entries']
+
+
+def write_entry(path: str, key: str, profile: CostProfile,
+                machine: Dict[str, str]) -> None:
+  """Adds one entry, replacing the file atomically."""
+  entries = read_cache(path)
+  entries[key] = {**profile.to_json(), 'machine': machine}
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  handle, tmp = tempfile.mkstemp(dir=folder, prefix='.costs.',
+                                 suffix='.tmp')
+  try:
+    with os.fdopen(handle, 'w') as f:
+      json.dump({'format': CACHE_FORMAT, 'entries': entries}, f, indent=1)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def measure_profile(target: Model, draft: Model, batch_size: int,
+                    max_gamma: int = DEFAULT_MAX_GAMMA,
+                    encoder_length: int = 32, repeats: int = 7,
+                    steps: int = 12) -> CostProfile:
+  """Times target calls of 1 .. max_gamma + 1 tokens and a draft step.
+
+  Each kind of call runs inside a compiled while loop, as the decoders make
+  them, once `steps` times and once twice per timed run; the difference
+  divided by steps - 2 is one call without the per-run dispatch (which a
+  decoding loop pays once per `generate`, not per step). All runs are timed
+  in turn (interleaved, after warm-up), medians kept.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    batch_size: Rows per call.
+    max_gamma: Largest gamma the profile covers.
+    encoder_length: Encoder input length of the probe.
+    repeats: Timed runs per kind of call.
+    steps: Calls in the longer run (> 2).
+
+  Returns:
+    The profile.
+  """
+  probe = jnp.ones((batch_size, encoder_length), jnp.int32)
+  kinds = [('draft', draft, 1)] + [('target', target, k)
+                                   for k in range(1, max_gamma + 2)]
+  calls = {}
+  for name, model, k in kinds:
+    for count in (2, steps):
+      calls[(name, k, count)] = analysis.timed_decoder_calls(
+          model, probe, k, 8, count, cache_steps=steps)
+  timings = benchmark.interleaved_timings(calls, repeats, warmup=1)
+
+  def per_call(name, k):
+    long = benchmark.median(timings[(name, k, steps)])
+    short = benchmark.median(timings[(name, k, 2)])
+    # Clamped: noise must not make a call free.
+    return max(long - short, 0.05 * long) / (steps - 2)
+
+  return CostProfile(
+      target_step_seconds=per_call('target', 1),
+      draft_step_seconds=per_call('draft', 1),
+      verify_seconds=tuple(per_call('target', k)
+                           for k in range(1, max_gamma + 2)))
+
+
+def cost_profile(target: Model, draft: Model, batch_size: int,
+                 max_gamma: int = DEFAULT_MAX_GAMMA, path: Optional[str] = None,
+                 refresh: bool = False) -> CostProfile:
+  """The cached profile for this machine and these models, measured if needed.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    batch_size: Rows per call.
+    max_gamma: Largest gamma considered.
+    path: Cache file (default `cache_path()`).
+    refresh: Measure again even if a valid entry exists.
+
+  Returns:
+    The profile.
+  """
+  path = path or cache_path()
+  key = cache_key(target, draft, batch_size, max_gamma)
+  if not refresh:
+    entry = read_cache(path).get(key)
+    profile = CostProfile.from_json(entry) if entry is not None else None
+    if profile is not None and profile.max_gamma == max_gamma:
+      return profile
+  profile = measure_profile(target, draft, batch_size, max_gamma)
+  try:
+    write_entry(path, key, profile, machine_description())
+  except OSError:
+    pass  # A read-only home still decodes; it measures again next time.
+  return profile
+
+
+def choose_gamma(alpha: float, profile: CostProfile,
+                 lengths: Sequence[float],
+                 min_speedup: float = MIN_PREDICTED_SPEEDUP
+                 ) -> Tuple[int, float]:
+  """The gamma predicted fastest, or 0 (baseline) when none pays.
+
+  Args:
+    alpha: Acceptance-rate estimate.
+    profile: Measured costs.
+    lengths: Expected output lengths (tokens).
+    min_speedup: Speculation must be predicted at least this much faster
+      than baseline.
+
+  Returns:
+    (gamma, predicted speedup); (0, 1.0) means plain baseline decoding.
+  """
+  lengths = [max(1, int(round(n))) for n in lengths]
+  alpha = float(min(max(alpha, 0.0), 1.0))
+  best, best_speedup = 0, 1.0
+  for gamma in range(1, profile.max_gamma + 1):
+    speedup = analysis.walltime_improvement_at_lengths(
+        alpha, gamma, profile.c, lengths, profile.verify_cost(gamma))
+    if speedup > best_speedup:
+      best, best_speedup = gamma, speedup
+  if best_speedup < min_speedup:
+    return 0, 1.0
+  return best, best_speedup
