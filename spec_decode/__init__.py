@@ -24,10 +24,16 @@ from spec_decode.model import T5Config
 from spec_decode.model import t5_config
 from spec_decode.sampling import SamplingConfig
 
+# Subpackages a notebook reaches for as `sd.pretrained.load(...)`,
+# `sd.analysis.walltime_improvement(...)` and `sd.costs.cost_profile(...)`.
+from spec_decode import analysis
+from spec_decode import costs
+from spec_decode import pretrained
+
 __version__ = '0.1.0'
 
 __all__ = [
     'CheckpointError', 'DecodeResult', 'Model', 'SamplingConfig', 'T5Config',
-    'generate', 'init_params', 'load_hf_checkpoint', 'load_t5x_checkpoint',
-    'logical_axes', 'save_t5x_checkpoint', 't5_config',
+    'analysis', 'costs', 'generate', 'init_params', 'load_hf_checkpoint',
+    'load_t5x_checkpoint', 'logical_axes', 'pretrained', 'save_t5x_checkpoint', 't5_config',
 ]

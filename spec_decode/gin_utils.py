@@ -58,15 +58,17 @@ def build(cls: Any, **overrides) -> Any:
 
 
 def define_gin_flags() -> None:
+  # Registered as the running program's own flags, so `--help` lists them.
+  main = {'module_name': sys.argv[0]}
   flags.DEFINE_multi_string(
       'gin_file', [], 'gin files to parse, in order (paths relative to the '
-      'working directory or to configs/).')
+      'working directory or to configs/).', **main)
   flags.DEFINE_multi_string(
       'gin_bindings', [], 'Individual gin bindings; `--gin.X=V` is the same '
-      'as `--gin_bindings="X = V"`.')
+      'as `--gin_bindings="X = V"`.', **main)
   flags.DEFINE_bool('gin_dry_run', False,
                     'Print the parsed configuration and what it would load, '
-                    'then stop.')
+                    'then stop.', **main)
 
 
 def rewrite_gin_args(args: Sequence[str]) -> List[str]:

@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import json
 import os
+import sys
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -226,7 +227,8 @@ def main(argv: List[str]) -> None:
 def cli() -> None:
   """`python -m spec_decode.main`: flags, gin, run."""
   flags.DEFINE_string('output_dir', None, 'Where to write main.json '
-                      '(default: output/main-<time>).')
+                      '(default: output/main-<time>).',
+                      module_name=sys.argv[0])
   gin_utils.define_gin_flags()
   gin_utils.run(main)
 

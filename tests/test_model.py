@@ -318,3 +318,16 @@ def test_dropout_acts_in_training_only():
                 np.asarray(model.logits(enc, dec))).max() > 1e-3
   with pytest.raises(ValueError, match=r'dropout_rate must be in \[0, 1\)'):
     sd.T5Config(dropout_rate=1.0)
+
+
+def test_config_takes_dtype_objects_as_t5x_python_configs_pass_them():
+  assert sd.T5Config(dtype=jnp.bfloat16).dtype == 'bfloat16'
+  assert sd.T5Config(dtype=np.float32) == sd.T5Config(dtype='float32')
+  with pytest.raises(ValueError, match="dtype must be one of"):
+    sd.T5Config(dtype=np.int32)
+
+
+def test_notebook_users_reach_subpackages_from_the_package():
+  assert 't5_local_target' in sd.pretrained.available()
+  assert sd.analysis.expected_tokens(0.5, 3) == pytest.approx(1.875)
+  assert callable(sd.costs.cost_profile)

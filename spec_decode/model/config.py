@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any, Dict, Tuple
 
 import jax.numpy as jnp
+import numpy as np
 
 _DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
@@ -27,7 +28,8 @@ class T5Config:
     head_dim: Width of each attention head.
     mlp_dim: Hidden width of the gated MLP.
     mlp_activations: Activations of the gated MLP branches, T5X style.
-    dtype: Activation dtype, 'bfloat16' (T5X's default) or 'float32'.
+    dtype: Activation dtype, 'bfloat16' (T5X's default) or 'float32'; a
+      dtype object (`jnp.bfloat16`, `np.float32`) is stored as its name.
     logits_via_embedding: Tie the output layer to the token embedding. T5 v1.1
       unties them (False).
     float32_attention_logits: Compute attention logits in float32.
@@ -56,6 +58,13 @@ class T5Config:
   def __post_init__(self):
     # Lists are not hashable; gin and JSON hand us lists.
     object.__setattr__(self, 'mlp_activations', tuple(self.mlp_activations))
+    if not isinstance(self.dtype, str):
+      # T5X's Python configs pass jnp/np dtypes; gin files pass strings. The
+      # string form keeps the config hashable and JSON-serialisable.
+      try:
+        object.__setattr__(self, 'dtype', np.dtype(self.dtype).name)
+      except TypeError:
+        pass  # Refused below, naming the value.
     if self.dtype not in _DTYPES:
       raise ValueError(
           f'dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.')
