@@ -20,6 +20,9 @@ from absl import flags
 
 from spec_decode import pretrained
 from spec_decode import train
+from spec_decode import train_eval
+from spec_decode import train_state
+from spec_decode.data import batching
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('drafts', ['t5_local_draft_tiny', 't5_local_draft_small'],
@@ -39,31 +42,30 @@ def main(argv):
   config = train.TrainConfig(distillation_dir=FLAGS.distillation_dir,
                              mixture=mixture,
                              max_input_length=FLAGS.max_input_length)
-  splits = train.load_agreement_splits(config)
+  splits = train_eval.load_agreement_splits(config.distillation_dir, mixture)
   if splits is None:
     raise app.UsageError(
         f'--distillation_dir={FLAGS.distillation_dir!r} has no '
         '<task>_validation.npz for every --task; write them with python '
         'scripts/distill.py --target=t5_local_target --splits=validation '
         f'--output_dir={FLAGS.distillation_dir}')
-  sampler = train.BatchSampler(splits, mixture, config.batch_tokens,
-                               config.seed,
-                               max_input_length=FLAGS.max_input_length)
+  sampler = batching.BatchSampler(splits, mixture, config.batch_tokens,
+                                  config.seed,
+                                  max_input_length=FLAGS.max_input_length)
   counts = {task: min(FLAGS.examples, len(splits[task])) for task in FLAGS.task}
   results = {}
   for name in FLAGS.drafts:
     if name in pretrained.available():
       draft = pretrained.load(name)
     elif os.path.isdir(name):
-      draft = train.load_trained(name)
+      draft = train_state.load_trained(name)
     else:
       raise app.UsageError(f'--drafts: {name!r} is neither one of '
                            f'{pretrained.available()} nor a folder.')
-    _, eval_step = train.make_train_step(
-        dataclasses.replace(config, model=draft.config),
-        train.make_optimizer(config))
-    results[name] = train.evaluate_agreement(eval_step, draft.params, sampler,
-                                             mixture, FLAGS.examples)
+    eval_step = train_eval.make_eval_step(train.make_loss_fn(
+        dataclasses.replace(config, model=draft.config)))
+    results[name] = train_eval.evaluate_agreement(
+        eval_step, draft.params, sampler, mixture, FLAGS.examples)
     print(f'{name}: ' + ', '.join(
         f'{task} {results[name][f"{task}/target_agreement"]:.3f} '
         f'({counts[task]} inputs)' for task in FLAGS.task), flush=True)

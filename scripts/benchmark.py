@@ -23,6 +23,7 @@ import numpy as np
 
 import spec_decode as sd
 from spec_decode import benchmark
+from spec_decode.model import truncated_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('target', 't5_1_1_small', 'Target preset.')
@@ -43,7 +44,7 @@ flags.DEFINE_string('output', '', 'Write the figures to this JSON file.')
 
 def make_draft(target: sd.Model) -> sd.Model:
   if FLAGS.draft == 'truncated':
-    return benchmark.truncated_model(target, FLAGS.draft_layers)
+    return truncated_model(target, FLAGS.draft_layers)
   config = sd.T5Config(vocab_size=target.config.vocab_size, emb_dim=64,
                        num_heads=2, head_dim=32, mlp_dim=128,
                        num_encoder_layers=1, num_decoder_layers=1,

@@ -22,7 +22,7 @@ import numpy as np
 
 from spec_decode import distill
 from spec_decode import pretrained
-from spec_decode import train
+from spec_decode import train_state
 from spec_decode.data import tasks
 
 FLAGS = flags.FLAGS
@@ -62,7 +62,7 @@ def main(argv):
   if FLAGS.target:
     target = pretrained.load(FLAGS.target)
   else:
-    target = train.load_trained(FLAGS.target_dir)
+    target = train_state.load_trained(FLAGS.target_dir)
   print(f'target: {target}', flush=True)
   os.makedirs(FLAGS.output_dir, exist_ok=True)
   counts = np.zeros(target.config.vocab_size, np.int64)

@@ -23,9 +23,10 @@ from spec_decode import distill
 from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import pretrained
-from spec_decode import train
+from spec_decode import train_state
 from spec_decode.data import tasks
 from spec_decode.model import Model
+from spec_decode.model import parameter_count
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('runs_dir', 'runs', 'Training folders.')
@@ -83,11 +84,8 @@ def translation_metrics(model: Model, vocabulary, data_dir: str, count: int,
   hypotheses = []
   for start in range(0, len(pairs), batch_size):
     chunk = pairs[start:start + batch_size]
-    enc = evaluation.encode_inputs(vocabulary, 'translate_en_de',
-                                   [s for s, _ in chunk], 64)
-    if len(chunk) < batch_size:
-      enc = np.concatenate([enc, np.zeros((batch_size - len(chunk), 64),
-                                          np.int32)])
+    enc = tasks.pad_rows(evaluation.encode_inputs(
+        vocabulary, 'translate_en_de', [s for s, _ in chunk], 64), batch_size)
     result = generation.generate(model, enc, max_decode_len=64)
     hypotheses.extend(evaluation.decode_outputs(
         vocabulary, result.tokens)[:len(chunk)])
@@ -120,7 +118,7 @@ def main(argv):
     else:
       run_dir = os.path.join(FLAGS.runs_dir, run)
       summary = training_summary(run_dir)
-      model = train.load_trained(run_dir, eos_id=vocabulary.eos_id)
+      model = train_state.load_trained(run_dir, eos_id=vocabulary.eos_id)
       step = summary['steps']
     metrics = translation_metrics(model, vocabulary, FLAGS.data_dir,
                                   FLAGS.eval_examples, FLAGS.batch_size)
@@ -131,14 +129,11 @@ def main(argv):
     config_fields = {k: v for k, v in model.config.__dict__.items()
                      if k != 'dtype'}
     config_fields['mlp_activations'] = list(config_fields['mlp_activations'])
-    count = int(sum(np.prod(np.shape(x))
-                    for x in jax.tree_util.tree_leaves(model.params)))
+    count = parameter_count(model.params)
     manifest[name] = {
         'role': role, 'checkpoint': name, 'config': config_fields,
         'parameters': count,
-        'decoder_parameters': int(sum(np.prod(np.shape(x)) for x in
-                                      jax.tree_util.tree_leaves(
-                                          model.params['decoder']))),
+        'decoder_parameters': parameter_count(model.params['decoder']),
         'max_input_length': 64, 'training': summary,
         'en_de_test': metrics,
     }

@@ -22,7 +22,6 @@ from absl import flags
 import numpy as np
 
 import spec_decode as sd
-from spec_decode import analysis
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
@@ -61,7 +60,7 @@ def main(argv):
       'draft, 1 token': (draft, 1),
       'draft, 2 tokens': (draft, 2),
   }
-  ms = {name: 1e3 * analysis.decoder_step_seconds(model, enc, k, 20)
+  ms = {name: 1e3 * benchmark.decoder_step_seconds(model, enc, k, 20)
         for name, (model, k) in calls.items()}
   for name, value in ms.items():
     print(f'decoder call, {name}: {value:.2f} ms')

@@ -10,8 +10,9 @@ The newest checkpoint's parameters travel in bfloat16 (the form they are
 shipped in): each value's high byte (sign, exponent: compressible) is
 zlib-compressed, its low byte stored as is, and the stream is cut into parts
 of at most --part_mib MiB. config.json and train_log.jsonl travel beside
-them, so the unpacked folder is a training folder `train.load_trained` and
-scripts/export_models.py read (without optimizer state: it cannot resume).
+them, so the unpacked folder is a training folder that
+`train_state.load_trained` and scripts/export_models.py read (without
+optimizer state: it cannot resume).
 """
 
 import glob
@@ -27,7 +28,7 @@ import ml_dtypes
 import numpy as np
 
 from spec_decode import checkpoints
-from spec_decode import train
+from spec_decode import train_state
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('run_dir', None, 'Training folder to pack / unpack into.')
@@ -55,7 +56,7 @@ def _set(tree, path, value):
 
 
 def pack(run_dir: str, output_dir: str, name: str, part_mib: float) -> None:
-  model = train.load_trained(run_dir)
+  model = train_state.load_trained(run_dir)
   step = max(int(p.rsplit('_', 1)[1]) for p in
              glob.glob(os.path.join(run_dir, 'checkpoint_*')))
   leaves = [(path, np.asarray(value).astype(ml_dtypes.bfloat16))

@@ -19,6 +19,7 @@ from absl import flags
 import gin
 
 from spec_decode import gin_utils
+from spec_decode import report
 from spec_decode import reproduce
 
 FLAGS = flags.FLAGS
@@ -61,7 +62,8 @@ def row_files():
 
 def load_row(path):
   gin.clear_config()
-  gin_utils.parse_gin_flags(modules=['reproduce'], extra_files=[path])
+  gin_utils.parse_gin_flags(modules=['reproduce', 'specs'],
+                            extra_files=[path])
   return gin_utils.build(reproduce.ComparisonRow)
 
 
@@ -88,7 +90,7 @@ def main(argv):
   if FLAGS.table == '2':
     results, columns = table_2()
   else:
-    gin_utils.parse_gin_flags(modules=['reproduce'])
+    gin_utils.parse_gin_flags(modules=['reproduce', 'specs'])
     if FLAGS.table == '3':
       table = gin_utils.build(reproduce.AcceptanceTable)
       print(table.describe())
@@ -103,10 +105,10 @@ def main(argv):
       results, columns = reproduce.lenience_sweep(sweep), LENIENCE_COLUMNS
   if FLAGS.gin_dry_run:
     return
-  paths = reproduce.write_rows(results, FLAGS.output_dir,
-                               f'table{FLAGS.table}', columns)
+  paths = report.write_rows(results, FLAGS.output_dir,
+                            f'table{FLAGS.table}', columns)
   print()
-  print(reproduce.markdown_table(results, columns))
+  print(report.markdown_table(results, columns))
   print('\nwrote', ', '.join(paths.values()))
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from spec_decode import analysis
 from spec_decode import gin_utils
+from spec_decode import report
 from spec_decode import reproduce
 
 FLAGS = flags.FLAGS
@@ -78,7 +79,7 @@ def plot_batch(rows, crossing, path):
 
 def main(argv):
   del argv
-  gin_utils.parse_gin_flags(modules=['reproduce'])
+  gin_utils.parse_gin_flags(modules=['reproduce', 'specs'])
   sweep = gin_utils.build(reproduce.Sweep)
   print(sweep.describe(), flush=True)
   if FLAGS.gin_dry_run:
@@ -92,7 +93,7 @@ def main(argv):
           f"{row['alpha']:.3f} measured {row['measured_speedup']:.2f}x "
           f"predicted {row['predicted_speedup']:.2f}x", flush=True)
   name = f'sweep_{FLAGS.sweep}'
-  paths = reproduce.write_rows(rows, FLAGS.output_dir, name, COLUMNS)
+  paths = report.write_rows(rows, FLAGS.output_dir, name, COLUMNS)
   png = os.path.join(FLAGS.output_dir, name + '.png')
   if FLAGS.sweep == 'gamma':
     plot_gamma(rows, png)
@@ -101,7 +102,7 @@ def main(argv):
     plot_batch(rows, crossing, png)
     print(f'speculation stops paying at batch size {crossing}'
           if crossing else 'speculation pays at every batch size measured')
-  print(reproduce.markdown_table(rows, COLUMNS))
+  print(report.markdown_table(rows, COLUMNS))
   print('wrote', ', '.join(list(paths.values()) + [png]))
 
 

@@ -8,20 +8,14 @@ step (true when decoding is memory-bound on an accelerator); `verify_cost`
 below relaxes that for machines where it does not hold, such as CPUs.
 """
 
-import functools
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+import itertools
+from typing import Any, Dict, Optional, Sequence, Union
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import benchmark
-from spec_decode import compile as compile_lib
 from spec_decode.decoding import DecodeResult
-from spec_decode.model import init_cache
 from spec_decode.model import Model
-from spec_decode.model.model import decode_chunk
-from spec_decode.model.model import prepare_decoding
+from spec_decode.model import model as model_lib
 
 
 def _check_alpha(alpha):
@@ -167,6 +161,133 @@ def ops_factor(alpha, gamma, c_hat):
           + _check_gamma(gamma) + 1.0) / expected_tokens(alpha, gamma)
 
 
+def _prefix_tree(dists: Sequence[Any], depth: int, name: str
+                 ) -> list:
+  """Per-prefix distributions as arrays indexed [x_1, ..., x_i, :].
+
+  Element i of `dists` is the distribution after a prefix of i tokens:
+  either one [vocab] vector (the same after every prefix) or an array of
+  shape [vocab] * (i + 1) (context dependent).
+  """
+  if len(dists) < depth:
+    raise ValueError(f'{name} must hold at least {depth} distributions, got '
+                     f'{len(dists)}.')
+  arrays = [np.asarray(d, np.float64) for d in dists[:depth]]
+  vocab = arrays[0].shape[-1]
+  tree = []
+  for i, array in enumerate(arrays):
+    shape = (vocab,) * (i + 1)
+    if array.ndim == 1 and array.shape == (vocab,):
+      array = np.broadcast_to(array, shape)
+    if array.shape != shape:
+      raise ValueError(f'{name}[{i}] must have shape ({vocab},) or {shape}, '
+                       f'got {array.shape}.')
+    if np.any(array < 0) or not np.allclose(array.sum(-1), 1.0, atol=1e-5):
+      raise ValueError(f'{name}[{i}] must hold probability distributions.')
+    tree.append(array)
+  return tree
+
+
+def _accepted_given_block(p_path, q_path, block, verification: str) -> float:
+  """E[accepted tokens | draft block] under one verification rule."""
+  gamma = len(block)
+  ratios = [p_path[i][x] / q_path[i][x] for i, x in enumerate(block)]
+  if verification == 'token':
+    # Accepted while every token so far passed: sum_k prod_{i<=k} min(1, r_i).
+    return float(np.sum(np.cumprod(np.minimum(ratios, 1.0))))
+  weights = [1.0]
+  for ratio in ratios:
+    weights.append(min(weights[-1] * ratio, 1.0))
+  keep = []
+  for i in range(1, gamma + 1):
+    if i == gamma:
+      keep.append(weights[gamma])
+      continue
+    residual = np.maximum(weights[i] * p_path[i] - q_path[i], 0.0).sum()
+    denominator = residual + 1.0 - weights[i]
+    keep.append(residual / denominator if denominator > 0 else 1.0)
+  # tau is the largest i whose uniform falls under h_i.
+  expected, none_longer = 0.0, 1.0
+  for i in range(gamma, 0, -1):
+    expected += i * keep[i - 1] * none_longer
+    none_longer *= 1.0 - keep[i - 1]
+  return expected
+
+
+def _expected_accepted(p: Sequence[Any], q: Sequence[Any],
+                       verification: str) -> float:
+  gamma = len(q)
+  if gamma < 1:
+    raise ValueError('q must hold at least one distribution (gamma >= 1).')
+  q_tree = _prefix_tree(q, gamma, 'q')
+  p_tree = _prefix_tree(p, gamma + 1, 'p')
+  vocab = q_tree[0].shape[-1]
+  if p_tree[0].shape[-1] != vocab:
+    raise ValueError('p and q must share a vocabulary.')
+  total = 0.0
+  for block in itertools.product(range(vocab), repeat=gamma):
+    q_path = [q_tree[i][block[:i]] for i in range(gamma)]
+    probability = float(np.prod([q_path[i][x] for i, x in enumerate(block)]))
+    if probability > 0.0:
+      p_path = [p_tree[i][block[:i]] for i in range(gamma + 1)]
+      total += probability * _accepted_given_block(p_path, q_path, block,
+                                                   verification)
+  return total
+
+
+def expected_accepted_tokens_token(p: Sequence[Any], q: Sequence[Any]
+                                   ) -> float:
+  """EXACT E[accepted draft tokens per iteration], token verification.
+
+  Enumerates every draft block (vocab^gamma of them: small vocabularies
+  only). With context-independent distributions equal at every position
+  this is alpha + ... + alpha^gamma, Eq. 1 minus the one extra token.
+
+  Args:
+    p: gamma + 1 target distributions; element i (after i tokens) is a
+      [vocab] vector or a [vocab] * (i + 1) array indexed by the prefix.
+    q: gamma draft distributions in the same form; len(q) is gamma.
+
+  Returns:
+    The expected accepted count; tokens per iteration is this plus 1.
+  """
+  return _expected_accepted(p, q, 'token')
+
+
+def expected_accepted_tokens_block(p: Sequence[Any], q: Sequence[Any]
+                                   ) -> float:
+  """EXACT E[accepted draft tokens per iteration], block verification.
+
+  Same arguments as `expected_accepted_tokens_token`, in float64,
+  independently of `spec_decode.block_verification`. The paper's
+  motivating example (p = (1/3, 2/3), q = (2/3, 1/3), gamma 2) gives 11/9
+  against token verification's 10/9.
+
+  Returns:
+    The expected accepted count (never below token verification's);
+    tokens per iteration is this plus 1.
+  """
+  return _expected_accepted(p, q, 'block')
+
+
+def expected_tokens_per_iteration(p: Sequence[Any], q: Sequence[Any],
+                                  verification: str = 'token') -> float:
+  """EXACT E[tokens emitted per target call]: accepted plus one.
+
+  Args:
+    p: gamma + 1 target distributions (see `expected_accepted_tokens_token`).
+    q: gamma draft distributions.
+    verification: 'token' or 'block'.
+
+  Returns:
+    1 + E[accepted tokens].
+  """
+  if verification not in ('token', 'block'):
+    raise ValueError(f"verification must be 'token' or 'block', got "
+                     f'{verification!r}.')
+  return 1.0 + _expected_accepted(p, q, verification)
+
+
 def _pooled(results: Union[DecodeResult, Sequence[DecodeResult]], field: str
             ) -> np.ndarray:
   """One statistic of one or several results, rows concatenated."""
@@ -214,135 +335,10 @@ def corollary_alpha(results: Union[DecodeResult, Sequence[DecodeResult]]
   return float(np.average(beta[valid], weights=counts[valid]))
 
 
-@functools.lru_cache(maxsize=None)
-def _decode_steps_function(config):
-  """A compiled loop of decoder calls, each fed the previous argmax.
-
-  Timing calls inside one compiled loop, as the decoders make them, leaves
-  out the per-call dispatch a separately jitted step would add (a large part
-  of a small draft's step on a CPU). Feeding each call the previous call's
-  argmax keeps the compiler from hoisting work out of the loop, and the trip
-  count is a traced argument, so the loop is a real while loop (the
-  decoders' loops are) rather than one the compiler may unroll.
-  """
-
-  def run(params, tokens, start, cache, encoded, steps):
-    chunk_len = tokens.shape[1]
-
-    def body(i, carry):
-      tokens, cache = carry
-      logits, cache = decode_chunk(config, params, tokens,
-                                   start + i * chunk_len, cache, encoded)
-      return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
-
-    return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
-
-  return compile_lib.decoder_jit(run)
-
-
-@functools.lru_cache(maxsize=None)
-def _prepare_function(config):
-  # One compiled encoder per config, not one per timing (a new `partial`
-  # each time would be traced and compiled again).
-  return jax.jit(functools.partial(prepare_decoding, config))
-
-
-def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
-                         chunk_len: int, position: int, steps: int,
-                         cache_steps: Optional[int] = None
-                         ) -> Callable[[], Any]:
-  """A zero-argument callable running `steps` decoder calls of `chunk_len`.
-
-  Args:
-    model: The model.
-    encoder_input_tokens: int [batch, enc_len] inputs.
-    chunk_len: Tokens per row per call.
-    position: Decoder position of the first call.
-    steps: Calls per run.
-    cache_steps: Size the cache for this many calls (>= steps); callables
-      with equal `cache_steps` share one compiled loop whatever `steps`.
-
-  Returns:
-    The callable.
-  """
-  enc = jnp.asarray(encoder_input_tokens, jnp.int32)
-  batch = enc.shape[0]
-  config = model.config
-  encoded = _prepare_function(config)(model.params, enc)
-  cache_steps = max(steps, cache_steps or steps)
-  cache = init_cache(config, batch, position + cache_steps * chunk_len + 8)
-  run = _decode_steps_function(config)
-  tokens = jnp.ones((batch, chunk_len), jnp.int32)
-  start = jnp.full((batch,), position, jnp.int32)
-  count = jnp.asarray(steps, jnp.int32)
-  return lambda: run(model.params, tokens, start, cache, encoded, count)
-
-
-def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
-                         chunk_len: int = 1, repeats: int = 20,
-                         position: int = 8, steps: int = 8) -> float:
-  """Median time of one decoder call scoring `chunk_len` tokens per row.
-
-  Args:
-    model: The model.
-    encoder_input_tokens: int [batch, enc_len] inputs.
-    chunk_len: Tokens each call scores per row (1 for a decoding step,
-      gamma + 1 for a verification).
-    repeats: Timed runs (their median counts).
-    position: Decoder position of the first call.
-    steps: Calls per timed run, inside one compiled loop.
-
-  Returns:
-    Seconds per call.
-  """
-  call = timed_decoder_calls(model, encoder_input_tokens, chunk_len,
-                              position, steps)
-  return benchmark.median(benchmark.interleaved_timings(
-      {'calls': call}, repeats, warmup=2)['calls']) / steps
-
-
-def measure_costs(target: Model, draft: Model, encoder_input_tokens: Any,
-                  gamma: int, repeats: int = 20, steps: int = 8
-                  ) -> Dict[str, float]:
-  """Measures c and the verification cost on this machine.
-
-  The three kinds of call are timed in turn (interleaved), each inside a
-  compiled loop of `steps` calls, so a noisy neighbour slows all of them
-  alike and per-call dispatch is left out, as inside the decoders.
-
-  Args:
-    target: The target.
-    draft: The draft.
-    encoder_input_tokens: int [batch, enc_len] inputs.
-    gamma: Draft tokens per iteration (the target scores gamma + 1).
-    repeats: Timed runs per kind of call.
-    steps: Calls per timed run.
-
-  Returns:
-    `c`: draft step / target step (one token each); `verify_cost`: target
-    call on gamma + 1 tokens / target step; and the raw seconds.
-  """
-  calls = {
-      'target_step_seconds': (target, 1),
-      'draft_step_seconds': (draft, 1),
-      'target_verify_seconds': (target, gamma + 1),
-  }
-  timings = benchmark.interleaved_timings(
-      {name: timed_decoder_calls(model, encoder_input_tokens, chunk_len,
-                                  8, steps)
-       for name, (model, chunk_len) in calls.items()}, repeats, warmup=2)
-  seconds = {name: benchmark.median(values) / steps
-             for name, values in timings.items()}
-  return {'c': seconds['draft_step_seconds'] / seconds['target_step_seconds'],
-          'verify_cost': (seconds['target_verify_seconds']
-                          / seconds['target_step_seconds']),
-          **seconds}
-
-
 def parameter_count(model: Model, decoder_only: bool = False) -> int:
-  params = model.params['decoder'] if decoder_only else model.params
-  return int(sum(np.prod(np.shape(x))
-                 for x in jax.tree_util.tree_leaves(params)))
+  """Parameters of a model, or of its decoder alone."""
+  return model_lib.parameter_count(
+      model.params['decoder'] if decoder_only else model.params)
 
 
 def c_hat(target: Model, draft: Model) -> float:

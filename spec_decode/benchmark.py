@@ -1,17 +1,26 @@
-"""Timing helpers: interleaved, warmed-up, medians.
+"""Timing helpers: interleaved, warmed-up, medians; decoder calls as timed.
 
 These machines are shared and noisy, so comparisons are ratios measured in one
 run: every variant is compiled and run once first, then the variants take
-turns, and each call waits for its result (`block_until_ready`).
+turns, and each call waits for its result (`block_until_ready`). The paper's
+cost terms (c, the cost of scoring gamma + 1 tokens) are timed here, inside
+compiled loops of decoder calls as the decoders make them; the formulas that
+use them are in `analysis`.
 """
 
+import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Mapping
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import jax
+import jax.numpy as jnp
 
+from spec_decode import compile as compile_lib
+from spec_decode.model import init_cache
 from spec_decode.model import Model
+from spec_decode.model.model import decode_chunk
+from spec_decode.model.model import prepare_decoding
 
 
 def time_call(fn: Callable[[], Any]) -> float:
@@ -47,29 +56,126 @@ def median(values: List[float]) -> float:
   return float(statistics.median(values))
 
 
-def truncated_model(model: Model, num_decoder_layers: int,
-                    num_encoder_layers: int = None) -> Model:
-  """A draft that shares `model`'s weights but keeps only its first layers.
+@functools.lru_cache(maxsize=None)
+def _decode_steps_function(config):
+  """A compiled loop of decoder calls, each fed the previous argmax.
+
+  Timing calls inside one compiled loop, as the decoders make them, leaves
+  out the per-call dispatch a separately jitted step would add (a large part
+  of a small draft's step on a CPU). Feeding each call the previous call's
+  argmax keeps the compiler from hoisting work out of the loop, and the trip
+  count is a traced argument, so the loop is a real while loop (the
+  decoders' loops are) rather than one the compiler may unroll.
+  """
+
+  def run(params, tokens, start, cache, encoded, steps):
+    chunk_len = tokens.shape[1]
+
+    def body(i, carry):
+      tokens, cache = carry
+      logits, cache = decode_chunk(config, params, tokens,
+                                   start + i * chunk_len, cache, encoded)
+      return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
+
+    return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
+
+  return compile_lib.decoder_jit(run)
+
+
+@functools.lru_cache(maxsize=None)
+def _prepare_function(config):
+  # One compiled encoder per config, not one per timing (a new `partial`
+  # each time would be traced and compiled again).
+  return jax.jit(functools.partial(prepare_decoding, config))
+
+
+def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
+                         chunk_len: int, position: int, steps: int,
+                         cache_steps: Optional[int] = None
+                         ) -> Callable[[], Any]:
+  """A zero-argument callable running `steps` decoder calls of `chunk_len`.
 
   Args:
-    model: The target.
-    num_decoder_layers: Decoder layers to keep.
-    num_encoder_layers: Encoder layers to keep (default: all).
+    model: The model.
+    encoder_input_tokens: int [batch, enc_len] inputs.
+    chunk_len: Tokens per row per call.
+    position: Decoder position of the first call.
+    steps: Calls per run.
+    cache_steps: Size the cache for this many calls (>= steps); callables
+      with equal `cache_steps` share one compiled loop whatever `steps`.
 
   Returns:
-    A `Model` with the same vocabulary, embeddings and output layer.
+    The callable.
   """
+  enc = jnp.asarray(encoder_input_tokens, jnp.int32)
+  batch = enc.shape[0]
   config = model.config
-  if num_encoder_layers is None:
-    num_encoder_layers = config.num_encoder_layers
-  small = config.replace(num_decoder_layers=num_decoder_layers,
-                         num_encoder_layers=num_encoder_layers)
-  keep = {'encoder': num_encoder_layers, 'decoder': num_decoder_layers}
-  params = {'token_embedder': model.params['token_embedder']}
-  for stack, count in keep.items():
-    params[stack] = {
-        name: value for name, value in model.params[stack].items()
-        if not name.startswith('layers_') or int(name.split('_')[1]) < count}
-    if not count:
-      params[stack].pop('relpos_bias', None)
-  return Model(small, params, eos_id=model.eos_id)
+  encoded = _prepare_function(config)(model.params, enc)
+  cache_steps = max(steps, cache_steps or steps)
+  cache = init_cache(config, batch, position + cache_steps * chunk_len + 8)
+  run = _decode_steps_function(config)
+  tokens = jnp.ones((batch, chunk_len), jnp.int32)
+  start = jnp.full((batch,), position, jnp.int32)
+  count = jnp.asarray(steps, jnp.int32)
+  return lambda: run(model.params, tokens, start, cache, encoded, count)
+
+
+def decoder_step_seconds(model: Model, encoder_input_tokens: Any,
+                         chunk_len: int = 1, repeats: int = 20,
+                         position: int = 8, steps: int = 8) -> float:
+  """Median time of one decoder call scoring `chunk_len` tokens per row.
+
+  Args:
+    model: The model.
+    encoder_input_tokens: int [batch, enc_len] inputs.
+    chunk_len: Tokens each call scores per row (1 for a decoding step,
+      gamma + 1 for a verification).
+    repeats: Timed runs (their median counts).
+    position: Decoder position of the first call.
+    steps: Calls per timed run, inside one compiled loop.
+
+  Returns:
+    Seconds per call.
+  """
+  call = timed_decoder_calls(model, encoder_input_tokens, chunk_len,
+                              position, steps)
+  return median(interleaved_timings(
+      {'calls': call}, repeats, warmup=2)['calls']) / steps
+
+
+def measure_costs(target: Model, draft: Model, encoder_input_tokens: Any,
+                  gamma: int, repeats: int = 20, steps: int = 8
+                  ) -> Dict[str, float]:
+  """Measures c and the verification cost on this machine.
+
+  The three kinds of call are timed in turn (interleaved), each inside a
+  compiled loop of `steps` calls, so a noisy neighbour slows all of them
+  alike and per-call dispatch is left out, as inside the decoders.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    encoder_input_tokens: int [batch, enc_len] inputs.
+    gamma: Draft tokens per iteration (the target scores gamma + 1).
+    repeats: Timed runs per kind of call.
+    steps: Calls per timed run.
+
+  Returns:
+    `c`: draft step / target step (one token each); `verify_cost`: target
+    call on gamma + 1 tokens / target step; and the raw seconds.
+  """
+  calls = {
+      'target_step_seconds': (target, 1),
+      'draft_step_seconds': (draft, 1),
+      'target_verify_seconds': (target, gamma + 1),
+  }
+  timings = interleaved_timings(
+      {name: timed_decoder_calls(model, encoder_input_tokens, chunk_len,
+                                  8, steps)
+       for name, (model, chunk_len) in calls.items()}, repeats, warmup=2)
+  seconds = {name: median(values) / steps
+             for name, values in timings.items()}
+  return {'c': seconds['draft_step_seconds'] / seconds['target_step_seconds'],
+          'verify_cost': (seconds['target_verify_seconds']
+                          / seconds['target_step_seconds']),
+          **seconds}

@@ -82,7 +82,15 @@ def _read_bytes(path: str) -> bytes:
   return result.value
 
 
-def _step_of(name: str) -> Optional[int]:
+def checkpoint_step(name: str) -> Optional[int]:
+  """The step of a `checkpoint_<step>` folder name, or None for other names.
+
+  Args:
+    name: A folder name (not a path), e.g. 'checkpoint_1000'.
+
+  Returns:
+    The step, or None when `name` is not `checkpoint_` followed by digits.
+  """
   prefix = 'checkpoint_'
   if name.startswith(prefix) and name[len(prefix):].isdigit():
     return int(name[len(prefix):])
@@ -110,7 +118,7 @@ def resolve_checkpoint_file(path: str) -> str:
   names = [n.decode().split('/')[0] for n in _list(path)]
   if CHECKPOINT_FILE in names:
     return _join(path, CHECKPOINT_FILE)
-  steps = sorted({s for s in map(_step_of, names) if s is not None})
+  steps = sorted({s for s in map(checkpoint_step, names) if s is not None})
   for step in reversed(steps):
     candidate = _join(path, f'checkpoint_{step}')
     if CHECKPOINT_FILE in [n.decode().split('/')[0]

@@ -206,7 +206,7 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
   calls = {}
   for name, model, k in kinds:
     for count in (2, steps):
-      calls[(name, k, count)] = analysis.timed_decoder_calls(
+      calls[(name, k, count)] = benchmark.timed_decoder_calls(
           model, probe, k, 8, count, cache_steps=steps)
   timings = benchmark.interleaved_timings(calls, repeats, warmup=1)
 

@@ -8,6 +8,8 @@ paper's cheap drafts are ordinary `Model`s too: a unigram model in closed form
 and a bigram model (a T5 without layers) trained on the same data.
 """
 
+import dataclasses
+import os
 from typing import Iterator, Sequence, Tuple
 
 import jax
@@ -17,8 +19,28 @@ import numpy as np
 from spec_decode import generation
 from spec_decode.data import tasks
 from spec_decode.model import Model
+from spec_decode.model import shift_right
 from spec_decode.model import T5Config
-from spec_decode.train import DistillationTargets
+
+
+@dataclasses.dataclass
+class DistillationTargets:
+  """The teacher's top-k distribution at each target token of a split.
+
+  Rows align with the split's concatenated `targets` array.
+  """
+  ids: np.ndarray    # uint16 [total_target_tokens, k]
+  probs: np.ndarray  # float16 [total_target_tokens, k]
+
+  def save(self, path: str) -> None:
+    tmp = path + '.tmp.npz'
+    np.savez(tmp, ids=self.ids, probs=self.probs)
+    os.replace(tmp, path)
+
+  @classmethod
+  def load(cls, path: str) -> 'DistillationTargets':
+    with np.load(path) as arrays:
+      return cls(ids=arrays['ids'], probs=arrays['probs'])
 
 
 def _round_up(length: int, multiple: int) -> int:
@@ -26,7 +48,8 @@ def _round_up(length: int, multiple: int) -> int:
 
 
 def _batches(indices: Sequence[int], split: tasks.TokenizedSplit,
-             batch_size: int, max_input_length: int, length_multiple: int = 16
+             batch_size: int, max_input_length: int, eos_id: int,
+             length_multiple: int = 16
              ) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
   # Sorting by length keeps padding (and compiled shapes) small.
   order = sorted(indices, key=lambda i: split.input_lengths[i])
@@ -38,15 +61,9 @@ def _batches(indices: Sequence[int], split: tasks.TokenizedSplit,
     # coarse multiple, a CPU a fine one).
     length = min(_round_up(length, length_multiple),
                  _round_up(max_input_length, 16))
-    inputs = []
-    for i in chunk:
-      x = split.input(i)
-      inputs.append(x if len(x) <= length else np.append(x[:length - 1], 1))
-    rows = tasks.pad_batch(inputs, length)
-    if len(chunk) < batch_size:  # Keep one compiled batch size.
-      rows = np.concatenate(
-          [rows, np.zeros((batch_size - len(chunk), length), np.int32)])
-    yield chunk, rows
+    inputs = [tasks.truncate_keeping_eos(split.input(i), length, eos_id)
+              for i in chunk]
+    yield chunk, tasks.pad_rows(tasks.pad_batch(inputs, length), batch_size)
 
 
 def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
@@ -64,7 +81,7 @@ def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
   """
   inputs, outputs = {}, {}
   for count, (chunk, rows) in enumerate(
-      _batches(indices, split, batch_size, max_input_length,
+      _batches(indices, split, batch_size, max_input_length, target.eos_id,
                length_multiple)):
     result = generation.generate(target, jnp.asarray(rows),
                                  max_decode_len=max_decode_len)
@@ -104,15 +121,13 @@ def teacher_top_k(target: Model, split: tasks.TokenizedSplit, k: int = 16,
     chunk = order[start:start + batch_size]
     input_len = _round_up(max(split.input_lengths[chunk]), length_multiple)
     target_len = _round_up(max(split.target_lengths[chunk]), length_multiple)
-    enc = tasks.pad_batch([split.input(i) for i in chunk], input_len)
-    targets = tasks.pad_batch([split.target(i) for i in chunk], target_len)
-    if len(chunk) < batch_size:
-      pad = batch_size - len(chunk)
-      enc = np.concatenate([enc, np.zeros((pad, input_len), np.int32)])
-      targets = np.concatenate([targets,
-                                np.zeros((pad, target_len), np.int32)])
-    dec = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], 1)
-    top_ids, top_probs = top_k(target.logits(enc, dec))
+    enc = tasks.pad_rows(
+        tasks.pad_batch([split.input(i) for i in chunk], input_len),
+        batch_size)
+    targets = tasks.pad_rows(
+        tasks.pad_batch([split.target(i) for i in chunk], target_len),
+        batch_size)
+    top_ids, top_probs = top_k(target.logits(enc, shift_right(targets)))
     top_ids, top_probs = np.asarray(top_ids), np.asarray(top_probs)
     for row, index in enumerate(chunk):
       start_offset = split.target_offsets[index]

@@ -12,8 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import block_verification
 from spec_decode import costs
 from spec_decode import decoding
+from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode import speculative
 from spec_decode import validation
@@ -28,7 +30,10 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
              eos_id: Optional[int] = None, rng: Optional[Array] = None,
              draft: Optional[Model] = None,
              gamma: Union[int, str] = 4,
-             lenience: float = 1.0) -> DecodeResult:
+             lenience: float = 1.0,
+             verification: str = 'token',
+             draft_stop: Optional[str] = None,
+             draft_threshold: Optional[float] = None) -> DecodeResult:
   """Decodes with `model`, speculatively when a `draft` model is given.
 
   Speculative decoding (Leviathan et al. 2023) samples from exactly the
@@ -52,6 +57,20 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
     lenience: Paper appendix A.5. 1.0 (default) is exact. Values in (0, 1)
       accept more draft tokens and are LOSSY: outputs no longer follow the
       target's distribution.
+    verification: How a draft block is verified; speculative only.
+      'token' (default) is the paper's rule: accept while each token passes
+      its own test. 'block' (Sun et al., ICLR 2025) verifies the block
+      jointly: same single target call, outputs still exactly the target's
+      distribution (greedy output still equals baseline), and never fewer
+      accepted tokens in expectation. 'block' needs lenience 1.
+    draft_stop: None (default: always gamma proposals), 'confidence' or
+      'entropy': a row's draft stops proposing in an iteration once its own
+      largest probability is below `draft_threshold`, or its entropy (nats)
+      above it; at least one token per iteration. Exact with either
+      verification: the rule reads only the draft's own distribution, a
+      function of the drafted prefix (details in `spec_decode.draft_stop`).
+    draft_threshold: The stop rule's threshold: a probability in (0, 1] for
+      'confidence', nats >= 0 for 'entropy'; None without a rule.
 
   Returns:
     A `DecodeResult`.
@@ -76,6 +95,11 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   if rng is None:
     rng = jax.random.PRNGKey(0)
   rng = _check_rng(rng)
+  # The rule's name is checked even without a draft, so a typo never hides;
+  # its lenience only matters (and is checked) with one.
+  verification, _ = block_verification.check_verification(
+      verification, 1.0 if draft is None else lenience)
+  draft_stop_lib.check_draft_stop(draft_stop, draft_threshold)
   if draft is None:
     return decoding.baseline_generate(config, model.params, tokens, rng,
                                       max_decode_len, sampling, eos_id)
@@ -85,10 +109,13 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
                        f'{gamma!r}.')
     speculative.check_compatible(model, draft)
     return _auto_generate(model, draft, tokens, rng, max_decode_len,
-                          sampling, eos_id, lenience)
+                          sampling, eos_id, lenience, verification,
+                          draft_stop, draft_threshold)
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
-      sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience)
+      sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,
+      verification=verification, draft_stop=draft_stop,
+      draft_threshold=draft_threshold)
 
 
 def _check_rng(rng: Any) -> Array:
@@ -183,7 +210,9 @@ def record_auto_result(model: Model, draft: Model,
 
 def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                    max_decode_len: int, sampling, eos_id: int,
-                   lenience: float) -> DecodeResult:
+                   lenience: float, verification: str = 'token',
+                   draft_stop: Optional[str] = None,
+                   draft_threshold: Optional[float] = None) -> DecodeResult:
   """Decodes with the gamma (or baseline) the measured costs favour."""
   gamma, predicted = resolve_auto_gamma(model, draft, tokens.shape[0],
                                         sampling)
@@ -193,6 +222,8 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   else:
     result = speculative.speculative_generate(
         model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
-        sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience)
+        sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,
+        verification=verification, draft_stop=draft_stop,
+        draft_threshold=draft_threshold)
   record_auto_result(model, draft, sampling, result)
   return result.replace(gamma=gamma, predicted_speedup=predicted)

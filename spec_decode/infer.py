@@ -26,7 +26,7 @@ from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import gin_utils
 from spec_decode import pretrained
-from spec_decode import reproduce
+from spec_decode import specs
 
 
 @dataclasses.dataclass
@@ -52,9 +52,9 @@ class InferConfig:
       checkpoint of T5 needs T5's own (`sentencepiece.model` of
       `cc_all.32000`), copied locally.
   """
-  target: reproduce.ModelSpec = reproduce.ModelSpec(
+  target: specs.ModelSpec = specs.ModelSpec(
       label='local target', pretrained='t5_local_target')
-  draft: Optional[reproduce.ModelSpec] = None
+  draft: Optional[specs.ModelSpec] = None
   task: str = 'translate_en_de'
   gamma: Union[int, str] = 5
   temperature: float = 0.0
@@ -129,7 +129,7 @@ def _read_lines(stream: Iterable[str]) -> List[str]:
 
 def main(argv: List[str]) -> None:
   del argv
-  gin_utils.parse_gin_flags(modules=['infer', 'reproduce'])
+  gin_utils.parse_gin_flags(modules=['infer', 'specs'])
   config = gin_utils.build(InferConfig)
   if flags.FLAGS.input_file:
     with open(flags.FLAGS.input_file, encoding='utf-8') as f:

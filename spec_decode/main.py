@@ -47,6 +47,8 @@ class MainConfig:
     draft: Shipped draft model name.
     tasks: Tasks to decode.
     num_examples: Test examples per task (batch 1 each).
+    first_example: Index of the first test example used (e.g. past the
+      committed samples, with `data_dir` set, for sentences never looked at).
     temperatures: Sampling temperatures; 0 is greedy.
     gamma: Draft tokens per iteration, or 'auto' (chosen per example from
       the costs measured on this machine and the running alpha estimate;
@@ -64,6 +66,7 @@ class MainConfig:
   draft: str = 't5_local_draft_tiny'
   tasks: Tuple[str, ...] = ('translate_en_de', 'summarize')
   num_examples: int = 32
+  first_example: int = 0
   temperatures: Tuple[float, ...] = (0.0, 1.0)
   gamma: Union[int, str] = 'auto'
   max_decode_len: int = 48
@@ -87,7 +90,8 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
              temperature: float, profile: costs_lib.CostProfile
              ) -> Dict[str, object]:
   """Decodes the task's examples one by one; returns its figures."""
-  pairs = tasks.load_pairs(task, 'test', config.data_dir)[:config.num_examples]
+  pairs = tasks.load_pairs(task, 'test', config.data_dir)[
+      config.first_example:config.first_example + config.num_examples]
   sources = [source for source, _ in pairs]
   enc = evaluation.encode_inputs(vocabulary, task, sources,
                                  config.input_length)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from spec_decode import decoding
 from spec_decode import sampling as sampling_lib
 from spec_decode.model import T5Config
+from spec_decode.model.model import shift_right
 from spec_decode.model.network import Transformer
 
 Array = jax.Array
@@ -111,7 +112,7 @@ def on_policy_loss(student_config: T5Config, teacher_config: T5Config,
   targets, weights = sample_continuations(
       student_config, student_params, encoder_input_tokens, rng,
       max_decode_len, temperature)
-  decoder_inputs = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  decoder_inputs = shift_right(targets)
   teacher_logits = Transformer(teacher_config).apply(
       {'params': teacher_params}, encoder_input_tokens, decoder_inputs)
   rngs = None if dropout_rng is None else {'dropout': dropout_rng}

@@ -3,11 +3,11 @@
 Scripts (`scripts/reproduce.py`, `scripts/sweep.py`) bind these dataclasses
 from gin files in `configs/paper/` (TPU scale: T5X checkpoints, seqio tasks)
 and `configs/local/` (CPU scale: the shipped models, the local tasks), print
-the results and save them. Notebooks can call the same functions.
+the results and save them (`report`). Notebooks can call the same functions.
+Models and inputs are named by `specs.ModelSpec` and `specs.DataSpec`.
 """
 
 import dataclasses
-import os
 from typing import (Any, Callable, Dict, List, Optional, Sequence, Tuple,
                     Union)
 
@@ -16,101 +16,11 @@ import numpy as np
 
 from spec_decode import analysis
 from spec_decode import benchmark
-from spec_decode import checkpoints
 from spec_decode import evaluation
 from spec_decode import generation
-from spec_decode import pretrained
 from spec_decode import sampling as sampling_lib
-from spec_decode.data import tasks
+from spec_decode import specs
 from spec_decode.model import Model
-from spec_decode.model import T5Config
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-  """Where a model comes from: a shipped name, or a config and checkpoint.
-
-  Attributes:
-    label: Name shown in tables (e.g. 'T5-small').
-    pretrained: A `spec_decode.pretrained.available()` name, or None.
-    config: Architecture, when loading from `checkpoint`.
-    checkpoint: T5X checkpoint path (local or gs://), when not `pretrained`.
-    dtype: Activation dtype; parameters are cast to it on read.
-    eos_id: The vocabulary's EOS id.
-  """
-  label: str
-  pretrained: Optional[str] = None
-  config: Optional[T5Config] = None
-  checkpoint: Optional[str] = None
-  dtype: str = 'float32'
-  eos_id: int = 1
-
-  def describe(self) -> str:
-    if self.pretrained:
-      return f'{self.label}: shipped model {self.pretrained!r} ({self.dtype})'
-    return (f'{self.label}: T5X checkpoint {self.checkpoint!r}, config '
-            f'{self.config}')
-
-  def load(self) -> Model:
-    if self.pretrained:
-      return pretrained.load(self.pretrained, dtype=self.dtype)
-    if self.config is None or self.checkpoint is None:
-      raise ValueError(f'{self.label}: give pretrained=..., or both config '
-                       'and checkpoint.')
-    config = self.config.replace(dtype=self.dtype)
-    params = checkpoints.load_t5x_checkpoint(self.checkpoint, config,
-                                             dtype=self.dtype)
-    return Model(config, params, eos_id=self.eos_id)
-
-
-@dataclasses.dataclass(frozen=True)
-class DataSpec:
-  """Held-out inputs: a local task split, or a seqio task (TPU VMs).
-
-  Attributes:
-    task: A local task ('translate_en_de', 'summarize') or a seqio task name.
-    split: Split to read.
-    source: 'local' (committed samples, or `data_dir`) or 'seqio'.
-    data_dir: Local data folder; None uses the committed samples.
-    input_length: Inputs are truncated/padded to this many tokens.
-    imports: Modules that register the seqio task (e.g. 't5.data.tasks').
-  """
-  task: str
-  split: str = 'test'
-  source: str = 'local'
-  data_dir: Optional[str] = None
-  input_length: int = 64
-  imports: Tuple[str, ...] = ()
-
-  def describe(self) -> str:
-    where = ('committed samples' if self.data_dir is None else self.data_dir)
-    if self.source == 'seqio':
-      where = 'seqio TaskRegistry'
-    return f'{self.task}/{self.split} from {where}'
-
-  def load(self, count: int) -> Tuple[np.ndarray, List[str]]:
-    """Returns int32 [count, input_length] inputs and reference texts."""
-    if self.source == 'local':
-      pairs = tasks.load_pairs(self.task, self.split, self.data_dir)[:count]
-      enc = evaluation.encode_inputs(pretrained.vocabulary(), self.task,
-                                     [s for s, _ in pairs], self.input_length)
-      return enc, [t for _, t in pairs]
-    if self.source == 'seqio':
-      import importlib  # pylint: disable=g-import-not-at-top
-      import seqio  # pylint: disable=g-import-not-at-top
-      for module in self.imports:
-        importlib.import_module(module)
-      task = seqio.get_mixture_or_task(self.task)
-      dataset = task.get_dataset(
-          sequence_length={'inputs': self.input_length, 'targets': 256},
-          split=self.split, shuffle=False)
-      enc, refs = [], []
-      for example in dataset.take(count).as_numpy_iterator():
-        enc.append(example['inputs'][:self.input_length])
-        refs.append(example.get('targets_pretokenized', b'').decode())
-      return tasks.pad_batch(enc, self.input_length), refs
-    raise ValueError(f"source must be 'local' or 'seqio', got "
-                     f'{self.source!r}.')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +42,9 @@ class ComparisonRow:
     paper_speedup: The paper's speedup for this row, if any.
   """
   name: str
-  target: ModelSpec
-  draft: ModelSpec
-  data: DataSpec
+  target: specs.ModelSpec
+  draft: specs.ModelSpec
+  data: specs.DataSpec
   temperature: float = 0.0
   gamma: int = 5
   batch_size: int = 1
@@ -153,10 +63,10 @@ class ComparisonRow:
         f'  data:   {self.data.describe()}'])
 
 
-_MODELS: Dict[ModelSpec, Model] = {}
+_MODELS: Dict[specs.ModelSpec, Model] = {}
 
 
-def load_cached(spec: ModelSpec) -> Model:
+def load_cached(spec: specs.ModelSpec) -> Model:
   if spec not in _MODELS:
     _MODELS[spec] = spec.load()
   return _MODELS[spec]
@@ -314,7 +224,7 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
   enc, _ = row.data.load(row.num_examples)
   batches = timing_batches(enc, row.batch_size)
   if costs is None:
-    costs = analysis.measure_costs(target, draft, batches[0], row.gamma)
+    costs = benchmark.measure_costs(target, draft, batches[0], row.gamma)
   figures = compare_decoders(
       target, draft, batches, temperature=row.temperature, gamma=row.gamma,
       max_decode_len=row.max_decode_len, lenience=row.lenience, seed=seed,
@@ -326,10 +236,10 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
           'paper_alpha': row.paper_alpha, 'paper_speedup': row.paper_speedup}
 
 
-def acceptance(target_spec: ModelSpec, draft_spec: ModelSpec, data: DataSpec,
-               temperature: float, gamma: int = 3, num_examples: int = 32,
-               batch_size: int = 16, max_decode_len: int = 48,
-               seed: int = 0) -> Dict[str, float]:
+def acceptance(target_spec: specs.ModelSpec, draft_spec: specs.ModelSpec,
+               data: specs.DataSpec, temperature: float, gamma: int = 3,
+               num_examples: int = 32, batch_size: int = 16,
+               max_decode_len: int = 48, seed: int = 0) -> Dict[str, float]:
   """Alpha of a draft against a target on held-out inputs (Table 3)."""
   target, draft = load_cached(target_spec), load_cached(draft_spec)
   enc, _ = data.load(num_examples)
@@ -340,46 +250,6 @@ def acceptance(target_spec: ModelSpec, draft_spec: ModelSpec, data: DataSpec,
           rng=jax.random.fold_in(jax.random.PRNGKey(seed), index))
       for index, batch in enumerate(timing_batches(enc, batch_size))]
   return analysis.summarize_result(results)
-
-
-def markdown_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str],
-                   formats: Optional[Dict[str, str]] = None) -> str:
-  """Rows of dicts as a Markdown table."""
-  formats = formats or {}
-
-  def cell(row, column):
-    value = row.get(column)
-    if value is None:
-      return '-'
-    if isinstance(value, float):
-      return format(value, formats.get(column, '.3f'))
-    return str(value)
-
-  lines = ['| ' + ' | '.join(columns) + ' |',
-           '|' + '---|' * len(columns)]
-  lines += ['| ' + ' | '.join(cell(r, c) for c in columns) + ' |'
-            for r in rows]
-  return '\n'.join(lines)
-
-
-def write_rows(rows: Sequence[Dict[str, Any]], output_dir: str, name: str,
-               columns: Sequence[str]) -> Dict[str, str]:
-  """Writes rows as JSON, CSV and Markdown; returns the paths."""
-  import csv  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-  os.makedirs(output_dir, exist_ok=True)
-  paths = {kind: os.path.join(output_dir, f'{name}.{kind}')
-           for kind in ('json', 'csv', 'md')}
-  with open(paths['json'], 'w') as f:
-    json.dump(list(rows), f, indent=1)
-  with open(paths['csv'], 'w', newline='') as f:
-    writer = csv.DictWriter(f, fieldnames=list(columns),
-                            extrasaction='ignore')
-    writer.writeheader()
-    writer.writerows(rows)
-  with open(paths['md'], 'w') as f:
-    f.write(markdown_table(rows, columns) + '\n')
-  return paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,9 +264,9 @@ class AcceptanceTable:
     gamma: Draft tokens per iteration (alpha does not depend on it).
     num_examples: Inputs per task.
   """
-  target: ModelSpec
-  drafts: Tuple[ModelSpec, ...]
-  data: Tuple[DataSpec, ...]
+  target: specs.ModelSpec
+  drafts: Tuple[specs.ModelSpec, ...]
+  data: Tuple[specs.DataSpec, ...]
   temperatures: Tuple[float, ...] = (0.0, 1.0)
   gamma: int = 3
   num_examples: int = 32

@@ -1,13 +1,15 @@
 """Speculative decoding (Leviathan, Kalman & Matias, ICML 2023, Algorithm 1).
 
 Each iteration, for every row of the batch:
-  1. The draft proposes gamma tokens d_1..d_g, sampling each from its
-     processed distribution q_i, from its own cache.
+  1. The draft proposes gamma tokens d_1..d_g (a row may stop sooner with
+     `draft_stop`), sampling each from its processed distribution q_i, from
+     its own cache.
   2. The target scores [last token, d_1..d_g] in ONE decoder call, giving
      p_1..p_{g+1} (processed with the same temperature/top-k/top-p).
   3. d_i is accepted while u_i < p_i(d_i) / q_i(d_i); at the first rejection
      the next token is drawn from norm(max(0, p - q)); if all g are accepted
-     a bonus token is drawn from p_{g+1}.
+     a bonus token is drawn from p_{g+1}. (verification='block' replaces this
+     step with block verification, `block_verification.verify_block`.)
 Rows advance by their own counts (1..g+1 tokens); rolling back a cache is
 free because positions past a row's length are masked and later overwritten.
 
@@ -22,7 +24,9 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from spec_decode import block_verification
 from spec_decode import compile as compile_lib
+from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode import validation
 from spec_decode.decoding import DecodeResult
@@ -200,12 +204,14 @@ def _draft_first_step(config, params, encoded, cache, inputs, lengths,
 
 
 def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
-                     catch_up: Array, gamma: int, sampling: SamplingConfig):
-  """Runs the draft gamma steps from each row's current length.
+                     catch_up: Array, gamma: int, sampling: SamplingConfig,
+                     stop_rule=None, stopped=None):
+  """Runs the draft gamma steps (fewer with a `stop_rule`) from each row.
 
   Returns:
     tokens int32 [batch, gamma], probs float32 [batch, gamma, vocab] they
-    were drawn from, and the draft cache.
+    were drawn from (0 where nothing was proposed), the draft cache, and
+    int32 [batch] proposals per row.
   """
   step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
   logits, cache = _draft_first_step(config, params, encoded, cache, inputs,
@@ -213,6 +219,15 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
   logprobs = sampling_lib.process_logits(logits, sampling)
   token = sampling_lib.sample_tokens(step_keys[:, 0], logprobs,
                                      sampling.greedy)
+  if stop_rule is not None:
+
+    def decode(cache, token, i):
+      logits, cache = decode_chunk(config, params, token[:, None],
+                                   lengths + i, cache, encoded)
+      return logits[:, 0], cache
+
+    return draft_stop_lib.propose(decode, cache, token, logprobs, step_keys,
+                                  gamma, sampling, stop_rule, stopped)
 
   def step(carry, i):
     cache, token = carry
@@ -230,15 +245,16 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
   tokens = jnp.concatenate([token[:, None], tokens.T], axis=1)
   logprobs = jnp.concatenate(
       [logprobs[:, None], jnp.swapaxes(logprobs_rest, 0, 1)], axis=1)
-  return tokens, jnp.exp(logprobs), cache
+  return tokens, jnp.exp(logprobs), cache, jnp.full_like(lengths, gamma)
 
 
 @functools.partial(compile_lib.decoder_jit,
-                   static_argnums=(0, 1, 6, 7, 9, 10))
+                   static_argnums=(0, 1, 6, 7, 9, 10, 11, 12))
 def _speculative_generate(target_config, draft_config, target_params,
                           draft_params, encoder_input_tokens, rng,
                           max_decode_len: int, sampling: SamplingConfig,
-                          eos_id: int, gamma: int, lenience: float
+                          eos_id: int, gamma: int, lenience: float,
+                          verification: str = 'token', draft_stop=None
                           ) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
   # Writes reach position max_decode_len + gamma for a row that stopped at
@@ -264,10 +280,10 @@ def _speculative_generate(target_config, draft_config, target_params,
     draft_keys, accept_keys, correction_keys = (split[:, 0], split[:, 1],
                                                 split[:, 2])
 
-    draft_tokens, draft_probs, draft_cache = _draft_proposals(
+    draft_tokens, draft_probs, draft_cache, proposed = _draft_proposals(
         draft_config, draft_params, draft_encoded, state.draft_cache,
         state.inputs, n, draft_keys, jnp.any(state.draft_behind & active),
-        gamma, sampling)
+        gamma, sampling, draft_stop, ~active)
 
     # One target call scores the last token and all gamma proposals.
     last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
@@ -283,13 +299,18 @@ def _speculative_generate(target_config, draft_config, target_params,
     else:
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(
           accept_keys)
-    num_accepted = verify_draft(draft_tokens, draft_probs, target_probs,
-                                uniforms, lenience)
+    if draft_stop is not None:
+      uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
+    if verification == 'block':
+      num_accepted, correction_probs = block_verification.verify_block(
+          draft_tokens, draft_probs, target_probs, uniforms)
+    else:
+      num_accepted = verify_draft(draft_tokens, draft_probs, target_probs,
+                                  uniforms, lenience)
+      correction_probs = correction_distribution(draft_probs, target_probs,
+                                                 num_accepted, lenience)
     correction = sampling_lib.sample_tokens(
-        correction_keys,
-        jnp.log(correction_distribution(draft_probs, target_probs,
-                                        num_accepted, lenience)),
-        sampling.greedy)
+        correction_keys, jnp.log(correction_probs), sampling.greedy)
 
     # [batch, gamma + 1]: accepted drafts, then the correction/bonus token.
     proposal = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
@@ -307,7 +328,8 @@ def _speculative_generate(target_config, draft_config, target_params,
 
     # beta at the positions the rule examined: accepted ones plus the first
     # rejected one; later positions were conditioned on a rejected prefix.
-    examined = (positions[:gamma] <= num_accepted[:, None]) & active[:, None]
+    examined = ((positions[:gamma] <= num_accepted[:, None])
+                & (positions[:gamma] < proposed[:, None]) & active[:, None])
     beta = overlap_mass(target_probs[:, :gamma], draft_probs)
     active_int = active.astype(jnp.int32)
     return _SpeculativeState(
@@ -319,7 +341,7 @@ def _speculative_generate(target_config, draft_config, target_params,
         target_cache=target_cache,
         draft_cache=draft_cache,
         target_calls=state.target_calls + active_int,
-        proposed=state.proposed + gamma * active_int,
+        proposed=state.proposed + proposed * active_int,
         accepted=state.accepted + num_accepted * active_int,
         beta_sum=state.beta_sum + jnp.sum(jnp.where(examined, beta, 0.0),
                                           axis=1),
@@ -370,8 +392,9 @@ def check_compatible(target: Model, draft: Model) -> None:
 def speculative_generate(target: Model, draft: Model,
                          encoder_input_tokens: Array, *, rng: Array,
                          max_decode_len: int, sampling: SamplingConfig,
-                         eos_id: int, gamma: int, lenience: float
-                         ) -> DecodeResult:
+                         eos_id: int, gamma: int, lenience: float,
+                         verification: str = 'token', draft_stop=None,
+                         draft_threshold=None) -> DecodeResult:
   """Speculative decoding; call `spec_decode.generate(..., draft=...)`.
 
   Args:
@@ -384,17 +407,20 @@ def speculative_generate(target: Model, draft: Model,
     eos_id: End-of-sequence id.
     gamma: Draft tokens per iteration (>= 1).
     lenience: 1.0 is exact; (0, 1) is the lossy mode of appendix A.5.
+    verification: 'token' (the paper's rule) or 'block' (block
+      verification: same target call, exact, accepts at least as much).
+    draft_stop: None, 'confidence' or 'entropy' (see `draft_stop`).
+    draft_threshold: The stop rule's threshold.
 
   Returns:
     A `DecodeResult` with acceptance statistics.
   """
   check_compatible(target, draft)
   gamma = validation.check_int('gamma', gamma, 1)
-  lenience = validation.check_float('lenience', lenience)
-  if not 0.0 < lenience <= 1.0:
-    raise ValueError(f'lenience must be in (0, 1] (1 is exact), got '
-                     f'{lenience}.')
+  verification, lenience = block_verification.check_verification(
+      verification, lenience)
+  stop_rule = draft_stop_lib.check_draft_stop(draft_stop, draft_threshold)
   return _speculative_generate(target.config, draft.config, target.params,
                                draft.params, encoder_input_tokens, rng,
                                max_decode_len, sampling, eos_id, gamma,
-                               lenience)
+                               lenience, verification, stop_rule)

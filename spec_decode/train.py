@@ -1,64 +1,47 @@
 """Training T5 models on pre-tokenized arrays, T5X style (Adafactor, z-loss).
 
 One jitted step per (batch, input length, target length) shape; batches are
-length-bucketed so little compute goes to padding. Training is resumable: a
-checkpoint (T5X format, plus the optimizer state and the step) is written
-every `checkpoint_every` steps and training continues from the newest one.
-The same code runs unchanged on a GPU, where it is far faster.
+length-bucketed (`data.batching`) so little compute goes to padding. Training
+is resumable: a checkpoint (T5X format, plus the optimizer state and the
+step; `train_state`) is written every `checkpoint_every` steps and training
+continues from the newest one. The same code runs unchanged on a GPU, where
+it is far faster.
 
 Drafts can be distilled: examples may carry the teacher's top-k next-token
-distribution at every target position, and the loss mixes cross-entropy on
-the teacher's tokens with cross-entropy against its distribution. A draft's
-evaluation then also reports its agreement with the target on validation
-inputs, the figure that predicts speculative decoding's acceptance rate.
+distribution at every target position (`distill.DistillationTargets`), and
+the loss mixes cross-entropy on the teacher's tokens with cross-entropy
+against its distribution. A draft's evaluation (`train_eval`) then also
+reports its agreement with the target on validation inputs, the figure that
+predicts speculative decoding's acceptance rate.
 """
 
 import dataclasses
 import functools
 import json
 import os
-import shutil
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
-import flax
-import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from spec_decode import checkpoints
+from spec_decode import distill
 from spec_decode import on_policy
+from spec_decode import train_eval
+from spec_decode import train_state
+from spec_decode.data import batching
 from spec_decode.data import tasks
 from spec_decode.model import init_params
 from spec_decode.model import Model
+from spec_decode.model import parameter_count
+from spec_decode.model import shift_right
 from spec_decode.model import T5Config
 from spec_decode.model.network import Transformer
 
 Array = jax.Array
-INPUT_BUCKETS = (32, 64, 128)
-TARGET_BUCKETS = (16, 32, 64, 96)
-
-
-@dataclasses.dataclass
-class DistillationTargets:
-  """The teacher's top-k distribution at each target token of a split.
-
-  Rows align with the split's concatenated `targets` array.
-  """
-  ids: np.ndarray    # uint16 [total_target_tokens, k]
-  probs: np.ndarray  # float16 [total_target_tokens, k]
-
-  def save(self, path: str) -> None:
-    tmp = path + '.tmp.npz'
-    np.savez(tmp, ids=self.ids, probs=self.probs)
-    os.replace(tmp, path)
-
-  @classmethod
-  def load(cls, path: str) -> 'DistillationTargets':
-    with np.load(path) as arrays:
-      return cls(ids=arrays['ids'], probs=arrays['probs'])
 
 
 @dataclasses.dataclass
@@ -124,8 +107,8 @@ class TrainConfig:
   log_every: int = 25
   seed: int = 0
   init_checkpoint: Optional[str] = None
-  input_buckets: Tuple[int, ...] = INPUT_BUCKETS
-  target_buckets: Tuple[int, ...] = TARGET_BUCKETS
+  input_buckets: Tuple[int, ...] = batching.INPUT_BUCKETS
+  target_buckets: Tuple[int, ...] = batching.TARGET_BUCKETS
   time_limit_seconds: Optional[float] = None
   teacher_dir: Optional[str] = None
   on_policy_fraction: float = 0.0
@@ -203,34 +186,42 @@ def cross_entropy_with_z_loss(logits: Array, targets: Array, weights: Array,
                 'correct': jnp.sum(correct)}
 
 
-def _shift_right(targets: Array) -> Array:
-  return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+def make_loss_fn(config: TrainConfig) -> train_eval.LossFn:
+  """The training loss of a batch: forward pass, `cross_entropy_with_z_loss`.
 
+  Args:
+    config: The run's config (model, z-loss and soft-target weights).
 
-@flax.struct.dataclass
-class TrainState:
-  step: Array
-  params: Any
-  opt_state: Any
-
-
-def make_train_step(config: TrainConfig, optimizer):
-  """The jitted update: forward, loss, gradients, Adafactor."""
+  Returns:
+    loss_fn(params, batch, dropout_rng=None) -> (loss, metrics); without a
+    dropout key the model runs deterministically (evaluation).
+  """
   model = Transformer(config.model)
 
   def loss_fn(params, batch, dropout_rng=None):
-    # Evaluation passes no rng: the deterministic model.
     rngs = None if dropout_rng is None else {'dropout': dropout_rng}
     logits = model.apply({'params': params}, batch['inputs'],
-                         _shift_right(batch['targets']),
+                         shift_right(batch['targets']),
                          enable_dropout=rngs is not None, rngs=rngs)
     return cross_entropy_with_z_loss(
         logits, batch['targets'], (batch['targets'] > 0).astype(jnp.float32),
         config.z_loss, batch.get('soft_ids'), batch.get('soft_probs'),
         config.soft_target_weight)
 
+  return loss_fn
+
+
+def make_train_step(config: TrainConfig, optimizer):
+  """The jitted update: forward, loss, gradients, Adafactor.
+
+  Returns:
+    train_step(state, batch) -> (state, metrics), and the eval step
+    (`train_eval.make_eval_step`) of the same loss.
+  """
+  loss_fn = make_loss_fn(config)
+
   @jax.jit
-  def train_step(state: TrainState, batch):
+  def train_step(state: train_state.TrainState, batch):
     # A function of (seed, step): a resumed run drops what a straight one
     # would.
     dropout_rng = jax.random.fold_in(jax.random.PRNGKey(config.seed),
@@ -241,13 +232,9 @@ def make_train_step(config: TrainConfig, optimizer):
                                           state.params)
     params = optax.apply_updates(state.params, updates)
     metrics['loss'] = loss
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return train_state.TrainState(state.step + 1, params, opt_state), metrics
 
-  @jax.jit
-  def eval_step(params, batch):
-    return loss_fn(params, batch)[1]
-
-  return train_step, eval_step
+  return train_step, train_eval.make_eval_step(loss_fn)
 
 
 def make_on_policy_step(config: TrainConfig, optimizer,
@@ -255,7 +242,7 @@ def make_on_policy_step(config: TrainConfig, optimizer,
   """The jitted update on the draft's own samples (see `on_policy`)."""
 
   @functools.partial(jax.jit, static_argnums=3)
-  def on_policy_step(state: TrainState, teacher_params, inputs,
+  def on_policy_step(state: train_state.TrainState, teacher_params, inputs,
                      max_decode_len: int):
     base = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
     sample_rng, dropout_rng = jax.random.split(base)
@@ -268,244 +255,26 @@ def make_on_policy_step(config: TrainConfig, optimizer,
                                           state.params)
     params = optax.apply_updates(state.params, updates)
     metrics['loss'] = loss
-    return TrainState(state.step + 1, params, opt_state), metrics
+    return train_state.TrainState(state.step + 1, params, opt_state), metrics
 
   return on_policy_step
 
 
-def _bucket(length: int, boundaries: Sequence[int]) -> int:
-  for boundary in boundaries:
-    if length <= boundary:
-      return boundary
-  return boundaries[-1]
-
-
-class BatchSampler:
-  """Length-bucketed random batches from several tasks, reproducibly.
-
-  Each step picks a task by its mixture rate, then an example uniformly at
-  random; the batch is filled with random examples of that example's
-  (input bucket, target bucket). Step s always yields the same batch, so a
-  resumed run sees the data an uninterrupted one would.
-  """
-
-  def __init__(self, splits: Dict[str, tasks.TokenizedSplit],
-               mixture: Dict[str, float], batch_tokens: int, seed: int,
-               teacher: Optional[Dict[str, DistillationTargets]] = None,
-               max_input_length: int = INPUT_BUCKETS[-1],
-               input_buckets: Sequence[int] = INPUT_BUCKETS,
-               target_buckets: Sequence[int] = TARGET_BUCKETS):
-    self._splits = splits
-    self._input_buckets = tuple(b for b in input_buckets
-                                if b <= max_input_length) or (
-                                    max_input_length,)
-    self._target_buckets = tuple(target_buckets)
-    self._teacher = teacher
-    names = sorted(mixture)
-    rates = np.array([mixture[n] for n in names], np.float64)
-    self._tasks, self._rates = names, rates / rates.sum()
-    self._batch_tokens = batch_tokens
-    self._seed = seed
-    self._buckets = {}
-    for name in names:
-      split = splits[name]
-      keys = [(_bucket(i, self._input_buckets),
-               _bucket(t, self._target_buckets))
-              for i, t in zip(split.input_lengths, split.target_lengths)]
-      groups = {}
-      for index, key in enumerate(keys):
-        groups.setdefault(key, []).append(index)
-      self._buckets[name] = (keys, {k: np.array(v) for k, v in
-                                    groups.items()})
-
-  def shapes(self) -> List[Tuple[int, int, int]]:
-    return sorted({self.batch_shape(k) for name in self._tasks
-                   for k in self._buckets[name][1]})
-
-  def batch_shape(self, key: Tuple[int, int]) -> Tuple[int, int, int]:
-    input_len, target_len = key
-    batch = max(8, (self._batch_tokens // (input_len + target_len)) // 8 * 8)
-    return batch, input_len, target_len
-
-  def batch(self, step: int) -> Dict[str, np.ndarray]:
-    rng = np.random.RandomState((self._seed * 1_000_003 + step) % 2**32)
-    name = self._tasks[rng.choice(len(self._tasks), p=self._rates)]
-    keys, groups = self._buckets[name]
-    key = keys[rng.randint(len(keys))]
-    size, input_len, target_len = self.batch_shape(key)
-    chosen = rng.choice(groups[key], size=size, replace=True)
-    return self.examples(name, chosen, input_len, target_len)
-
-  def examples(self, name: str, indices: Sequence[int], input_len: int,
-               target_len: int) -> Dict[str, np.ndarray]:
-    split = self._splits[name]
-    inputs = [split.input(i) for i in indices]
-    # Truncated inputs keep their EOS, as T5's preprocessing does.
-    inputs = [x if len(x) <= input_len else np.append(x[:input_len - 1], 1)
-              for x in inputs]
-    batch = {
-        'inputs': tasks.pad_batch(inputs, input_len),
-        'targets': tasks.pad_batch([split.target(i) for i in indices],
-                                   target_len),
-    }
-    if self._teacher is not None:
-      teacher = self._teacher[name]
-      k = teacher.ids.shape[1]
-      ids = np.zeros((len(indices), target_len, k), np.int32)
-      probs = np.zeros((len(indices), target_len, k), np.float32)
-      for row, index in enumerate(indices):
-        start, end = split.target_offsets[index], split.target_offsets[
-            index + 1]
-        n = min(end - start, target_len)
-        ids[row, :n] = teacher.ids[start:start + n]
-        probs[row, :n] = teacher.probs[start:start + n]
-      batch['soft_ids'], batch['soft_probs'] = ids, probs
-    return batch
-
-  def eval_batches(self, name: str, count: int
-                   ) -> Iterator[Dict[str, np.ndarray]]:
-    """Fixed batches of the first `count` examples of a task, by bucket."""
-    keys, _ = self._buckets[name]
-    by_key = {}
-    for index in range(min(count, len(keys))):
-      by_key.setdefault(keys[index], []).append(index)
-    for key, indices in sorted(by_key.items()):
-      size = self.batch_shape(key)[0]
-      for start in range(0, len(indices), size):
-        yield self.examples(name, indices[start:start + size], *key)
-
-
-def _latest_checkpoint(model_dir: str) -> Optional[Tuple[int, str]]:
-  if not os.path.isdir(model_dir):
-    return None
-  steps = []
-  for name in os.listdir(model_dir):
-    if name.startswith('checkpoint_') and name[11:].isdigit():
-      path = os.path.join(model_dir, name)
-      if os.path.isfile(os.path.join(path, 'train_state.msgpack')):
-        steps.append((int(name[11:]), path))
-  return max(steps) if steps else None
-
-
-def save_train_state(model_dir: str, state: TrainState, keep: int) -> str:
-  """Writes params (T5X format) and the optimizer state; prunes old ones."""
-  step = int(state.step)
-  path = os.path.join(model_dir, f'checkpoint_{step}')
-  params = jax.tree_util.tree_map(np.asarray, state.params)
-  checkpoints.save_t5x_checkpoint(path, params, step=step)
-  opt_bytes = flax.serialization.msgpack_serialize(
-      flax.serialization.to_state_dict(
-          jax.tree_util.tree_map(np.asarray, state.opt_state)))
-  tmp = os.path.join(path, 'train_state.msgpack.tmp')
-  with open(tmp, 'wb') as f:
-    f.write(opt_bytes)
-  os.replace(tmp, os.path.join(path, 'train_state.msgpack'))
-  existing = sorted(
-      (int(n[11:]), n) for n in os.listdir(model_dir)
-      if n.startswith('checkpoint_') and n[11:].isdigit())
-  for _, name in existing[:-keep]:
-    shutil.rmtree(os.path.join(model_dir, name), ignore_errors=True)
-  return path
-
-
 def load_splits(config: TrainConfig, split: str
                 ) -> Tuple[Dict[str, tasks.TokenizedSplit],
-                           Optional[Dict[str, DistillationTargets]]]:
+                           Optional[Dict[str, distill.DistillationTargets]]]:
   splits, teacher = {}, None
   for name in config.mixture:
     if config.distillation_dir and split == 'train':
       splits[name] = tasks.TokenizedSplit.load(
           os.path.join(config.distillation_dir, f'{name}_train.npz'))
       teacher = teacher or {}
-      teacher[name] = DistillationTargets.load(
+      teacher[name] = distill.DistillationTargets.load(
           os.path.join(config.distillation_dir, f'{name}_train_teacher.npz'))
     else:
       splits[name] = tasks.TokenizedSplit.load(
           tasks.tokenized_path(config.data_dir, name, split))
   return splits, teacher
-
-
-def load_trained(path: str, eos_id: int = 1) -> Model:
-  """A float32 model from a training folder (or one of its checkpoints).
-
-  Args:
-    path: A `model_dir` written by `train`, or a `checkpoint_<step>` folder
-      inside one; a folder loads its newest checkpoint.
-    eos_id: The vocabulary's EOS id.
-
-  Returns:
-    The model, with the architecture the run's config.json records.
-  """
-  path = path.rstrip('/')
-  run_dir = (os.path.dirname(path)
-             if os.path.basename(path).startswith('checkpoint_') else path)
-  config_path = os.path.join(run_dir, 'config.json')
-  if not os.path.isfile(config_path):
-    raise FileNotFoundError(f'{config_path} does not exist: expected a '
-                            'training folder written by scripts/train.py.')
-  with open(config_path) as f:
-    fields = json.load(f)['model']
-  config = T5Config(**{**fields, 'dtype': 'float32'})
-  params = checkpoints.load_t5x_checkpoint(path, config, dtype='float32')
-  return Model(config, params, eos_id=eos_id)
-
-
-def load_agreement_splits(config: TrainConfig
-                          ) -> Optional[Dict[str, tasks.TokenizedSplit]]:
-  """The teacher's greedy outputs on validation inputs, if distilled.
-
-  Args:
-    config: The run's config.
-
-  Returns:
-    task -> split of `<distillation_dir>/<task>_validation.npz` for every
-    task of the mixture, or None without a distillation folder or when a
-    task's file is missing (folders written before scripts/distill.py wrote
-    validation outputs).
-  """
-  if not config.distillation_dir:
-    return None
-  paths = {name: os.path.join(config.distillation_dir,
-                              f'{name}_validation.npz')
-           for name in config.mixture}
-  if not all(os.path.isfile(path) for path in paths.values()):
-    return None
-  return {name: tasks.TokenizedSplit.load(path)
-          for name, path in paths.items()}
-
-
-def evaluate(eval_step, params, sampler: BatchSampler, mixture,
-             count: int) -> Dict[str, float]:
-  """Validation loss and token accuracy per task."""
-  results = {}
-  for name in sorted(mixture):
-    totals = {'loss_sum': 0.0, 'token_count': 0.0, 'correct': 0.0}
-    for batch in sampler.eval_batches(name, count):
-      metrics = eval_step(params, batch)
-      for key in totals:
-        totals[key] += float(metrics[key])
-    results[f'{name}/loss'] = totals['loss_sum'] / max(totals['token_count'],
-                                                       1)
-    results[f'{name}/accuracy'] = totals['correct'] / max(
-        totals['token_count'], 1)
-  return results
-
-
-def evaluate_agreement(eval_step, params, sampler: BatchSampler, mixture,
-                       count: int) -> Dict[str, float]:
-  """Teacher-forced argmax agreement with the teacher's greedy outputs.
-
-  At each position of the teacher's greedy output the draft's argmax either
-  is the teacher's token or not; greedy speculative decoding accepts a draft
-  token exactly when it is. So this token accuracy, on inputs neither model
-  trained on, estimates the paper's alpha at temperature 0 without decoding.
-
-  Returns:
-    `<task>/target_agreement` per task.
-  """
-  metrics = evaluate(eval_step, params, sampler, mixture, count)
-  return {f'{name}/target_agreement': metrics[f'{name}/accuracy']
-          for name in sorted(mixture)}
 
 
 def train(config: TrainConfig) -> Dict[str, float]:
@@ -519,14 +288,17 @@ def train(config: TrainConfig) -> Dict[str, float]:
   buckets = dict(max_input_length=config.max_input_length,
                  input_buckets=config.input_buckets,
                  target_buckets=config.target_buckets)
-  sampler = BatchSampler(train_splits, config.mixture, config.batch_tokens,
-                         config.seed, teacher, **buckets)
-  eval_sampler = BatchSampler(eval_splits, config.mixture,
-                              config.batch_tokens, config.seed, **buckets)
-  agreement_splits = load_agreement_splits(config)
+  sampler = batching.BatchSampler(
+      train_splits, config.mixture, config.batch_tokens, config.seed,
+      teacher, **buckets)
+  eval_sampler = batching.BatchSampler(
+      eval_splits, config.mixture, config.batch_tokens, config.seed,
+      **buckets)
+  agreement_splits = train_eval.load_agreement_splits(
+      config.distillation_dir, config.mixture)
   agreement_sampler = None
   if agreement_splits:
-    agreement_sampler = BatchSampler(
+    agreement_sampler = batching.BatchSampler(
         agreement_splits, config.mixture, config.batch_tokens, config.seed,
         **buckets)
   if config.distillation_dir and not agreement_sampler:
@@ -537,7 +309,7 @@ def train(config: TrainConfig) -> Dict[str, float]:
   train_step, eval_step = make_train_step(config, optimizer)
   on_policy_step = teacher_model = None
   if config.on_policy_fraction > 0:
-    teacher_model = load_trained(config.teacher_dir)
+    teacher_model = train_state.load_trained(config.teacher_dir)
     teacher_model = Model(
         teacher_model.config.replace(dtype=config.model.dtype),
         teacher_model.params)
@@ -550,24 +322,17 @@ def train(config: TrainConfig) -> Dict[str, float]:
   else:
     params = init_params(config.model, jax.random.PRNGKey(config.seed))
   params = jax.tree_util.tree_map(jnp.asarray, params)
-  state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-  latest = _latest_checkpoint(config.model_dir)
-  if latest is not None:
-    step, path = latest
-    params = jax.tree_util.tree_map(jnp.asarray, checkpoints.load_t5x_checkpoint(
-        path, config.model, dtype='float32'))
-    with open(os.path.join(path, 'train_state.msgpack'), 'rb') as f:
-      opt_state = flax.serialization.from_state_dict(
-          state.opt_state, flax.serialization.msgpack_restore(f.read()))
-    state = TrainState(jnp.asarray(step, jnp.int32), params,
-                       jax.tree_util.tree_map(jnp.asarray, opt_state))
-    print(f'resumed from {path} at step {step}', flush=True)
+  state = train_state.TrainState(jnp.zeros((), jnp.int32), params,
+                                 optimizer.init(params))
+  restored = train_state.restore_latest(config.model_dir, config.model, state)
+  if restored is not None:
+    state, path = restored
+    print(f'resumed from {path} at step {int(state.step)}', flush=True)
 
   log_path = os.path.join(config.model_dir, 'train_log.jsonl')
-  count = sum(int(np.prod(x.shape))
-              for x in jax.tree_util.tree_leaves(state.params))
-  print(f'training {count:,} parameters for {config.num_steps} steps; '
-        f'{len(sampler.shapes())} batch shapes', flush=True)
+  print(f'training {parameter_count(state.params):,} parameters for '
+        f'{config.num_steps} steps; {len(sampler.shapes())} batch shapes',
+        flush=True)
   run_start = start_time = time.time()
   tokens, pending, on_policy_pending = 0, [], []
   metrics = {}
@@ -609,10 +374,11 @@ def train(config: TrainConfig) -> Dict[str, float]:
       pending, on_policy_pending, tokens = [], [], 0
       start_time = time.time()
       if done % config.eval_every == 0 or last:
-        record.update(evaluate(eval_step, state.params, eval_sampler,
-                               config.mixture, config.eval_examples))
+        record.update(train_eval.evaluate(
+            eval_step, state.params, eval_sampler, config.mixture,
+            config.eval_examples))
         if agreement_sampler:
-          record.update(evaluate_agreement(
+          record.update(train_eval.evaluate_agreement(
               eval_step, state.params, agreement_sampler, config.mixture,
               config.eval_examples))
         metrics = record
@@ -620,7 +386,8 @@ def train(config: TrainConfig) -> Dict[str, float]:
       with open(log_path, 'a') as f:
         f.write(json.dumps(record) + '\n')
     if done % config.checkpoint_every == 0 or last:
-      save_train_state(config.model_dir, state, config.keep_checkpoints)
+      train_state.save_train_state(config.model_dir, state,
+                                   config.keep_checkpoints)
     if last and out_of_time:
       print(f'time limit of {config.time_limit_seconds} s reached at step '
             f'{done}', flush=True)

@@ -23,6 +23,29 @@ def test_table_1(alpha, gamma, ops, speed):
   assert round(float(analysis.ops_factor(alpha, gamma, 0.0)), 2) == ops
 
 
+# Leviathan et al. 2023, Table 2 (alpha, gamma, draft) in its order: EnDe
+# T=0, EnDe T=1, CNNDM T=0, CNNDM T=1, each small/base/large; c from the
+# paper (small .02, base .04, large .11); Table 4's expected walltime
+# improvement for the same rows.
+PAPER_COST = {'small': 0.02, 'base': 0.04, 'large': 0.11}
+PAPER_TABLE_4 = [
+    (0.75, 7, 'small', 3.2), (0.80, 7, 'base', 3.3), (0.82, 7, 'large', 2.5),
+    (0.62, 7, 'small', 2.3), (0.68, 5, 'base', 2.4), (0.71, 3, 'large', 2.0),
+    (0.65, 5, 'small', 2.4), (0.73, 5, 'base', 2.6), (0.74, 3, 'large', 2.0),
+    (0.53, 5, 'small', 1.9), (0.55, 3, 'base', 1.8), (0.56, 3, 'large', 1.6),
+]
+
+
+@pytest.mark.parametrize('alpha, gamma, draft, expected', PAPER_TABLE_4)
+def test_table_4_expected_walltime_improvement(alpha, gamma, draft,
+                                               expected):
+  # The paper prints alpha and c rounded, so recomputing from the printed
+  # values lands within ~0.07 of the printed expectation, not exactly.
+  value = float(analysis.walltime_improvement(alpha, gamma,
+                                              PAPER_COST[draft]))
+  assert abs(value - expected) < 0.07
+
+
 def test_expected_tokens():
   assert analysis.expected_tokens(0.0, 5) == 1.0
   assert analysis.expected_tokens(1.0, 5) == 6.0

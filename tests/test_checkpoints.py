@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
+from spec_decode import checkpoints
 from spec_decode.checkpoints import CheckpointError
 
 from conftest import T5X_TINY
@@ -176,3 +177,9 @@ def test_not_a_checkpoint(tmp_path):
       flax.serialization.msgpack_serialize({'hello': np.zeros(2)}))
   with pytest.raises(CheckpointError, match='no parameters found'):
     sd.load_t5x_checkpoint(str(folder))
+
+
+def test_checkpoint_step_reads_only_checkpoint_folders():
+  assert checkpoints.checkpoint_step('checkpoint_1200') == 1200
+  for name in ('checkpoint_', 'checkpoint_12.tmp-1', 'ckpt_3', 'checkpoint'):
+    assert checkpoints.checkpoint_step(name) is None

@@ -34,6 +34,11 @@ ENC = np.ones((2, 4), np.int32)
     (dict(rng=3), TypeError, 'rng must be a jax.random key'),
     (dict(temperature=-1.0), ValueError, 'temperature must be >= 0'),
     (dict(top_p=0.0), ValueError, r'top_p must be in \(0, 1\]'),
+    # Checked without a draft too, so a typo never goes unnoticed.
+    (dict(verification='blocks'), ValueError,
+     "verification must be one of 'token', 'block', got 'blocks'"),
+    (dict(draft_stop='entropic', draft_threshold=1.0), ValueError,
+     "draft_stop must be None, 'confidence' or 'entropy'"),
 ])
 def test_bad_arguments(kwargs, error, message):
   arguments = dict(encoder_input_tokens=ENC, max_decode_len=4)

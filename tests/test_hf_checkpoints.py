@@ -17,8 +17,8 @@ from safetensors.numpy import load_file
 from safetensors.numpy import save_file
 
 import spec_decode as sd
-from spec_decode.benchmark import truncated_model
 from spec_decode.checkpoints import CheckpointError
+from spec_decode.model import truncated_model
 
 from conftest import FIXTURES
 from conftest import random_inputs

@@ -7,7 +7,7 @@ import pytest
 
 import spec_decode as sd
 from spec_decode import infer
-from spec_decode import reproduce
+from spec_decode import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ['The house is small.', 'Open the file, then close it.',
@@ -23,8 +23,8 @@ def _saved_model(folder, seed, **overrides):
   config = sd.T5Config(**fields)
   path = os.path.join(folder, f'model_{seed}')
   sd.save_t5x_checkpoint(path, sd.init_params(config, jax.random.PRNGKey(seed)))
-  return reproduce.ModelSpec(label=f'random {seed}', config=config,
-                             checkpoint=path)
+  return specs.ModelSpec(label=f'random {seed}', config=config,
+                         checkpoint=path)
 
 
 def test_speculative_run_gives_the_baseline_text(tmp_path):

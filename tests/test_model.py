@@ -8,6 +8,8 @@ import pytest
 import spec_decode as sd
 from spec_decode.model import init_cache
 from spec_decode.model import param_shapes
+from spec_decode.model import parameter_count
+from spec_decode.model import shift_right
 from spec_decode.model.layers import relative_position_bucket
 from spec_decode.model.layers import relative_position_bucket_jnp
 from spec_decode.model.model import decode_chunk
@@ -193,9 +195,8 @@ def test_parameter_tree_matches_t5x_names_and_shapes():
   assert layer['self_attention']['out']['kernel'].shape == (384, 512)
   assert layer['mlp']['wi_0']['kernel'].shape == (512, 1024)
   assert layer['mlp']['wo']['kernel'].shape == (1024, 512)
-  count = sum(int(np.prod(x.shape))
-              for x in jax.tree_util.tree_leaves(shapes))
-  assert count == 76_961_152  # T5 v1.1 small, as T5X counts it.
+  # T5 v1.1 small, as T5X counts it.
+  assert parameter_count(shapes) == 76_961_152
 
 
 def test_xxl_preset_shapes():
@@ -331,3 +332,13 @@ def test_notebook_users_reach_subpackages_from_the_package():
   assert 't5_local_target' in sd.pretrained.available()
   assert sd.analysis.expected_tokens(0.5, 3) == pytest.approx(1.875)
   assert callable(sd.costs.cost_profile)
+
+
+def test_shift_right_keeps_the_array_kind():
+  targets = np.array([[5, 6, 1], [7, 1, 0]], np.int32)
+  expected = [[0, 5, 6], [0, 7, 1]]
+  shifted = shift_right(targets)
+  assert isinstance(shifted, np.ndarray)
+  np.testing.assert_array_equal(shifted, expected)
+  np.testing.assert_array_equal(jax.jit(shift_right)(jnp.asarray(targets)),
+                                expected)

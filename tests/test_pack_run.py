@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from spec_decode import checkpoints
-from spec_decode import train
+from spec_decode import train_state
 
 from conftest import random_model
 
@@ -38,7 +38,7 @@ def test_pack_then_unpack_gives_the_bfloat16_model(tmp_path):
   assert len(parts) > 1  # Cut into several parts.
   _script('unpack', f'--input_dir={tmp_path / "parts"}', '--name=m',
           f'--run_dir={tmp_path / "back"}')
-  back = train.load_trained(str(tmp_path / 'back'))
+  back = train_state.load_trained(str(tmp_path / 'back'))
   assert back.config == model.config
   for expected, got in zip(jax.tree_util.tree_leaves(model.params),
                            jax.tree_util.tree_leaves(back.params)):

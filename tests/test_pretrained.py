@@ -7,6 +7,7 @@ import spec_decode as sd
 from spec_decode import evaluation
 from spec_decode import pretrained
 from spec_decode.data import tasks
+from spec_decode.model import parameter_count
 
 NAMES = pretrained.available()
 
@@ -26,9 +27,7 @@ def test_every_shipped_model_loads(name):
   assert model.config.vocab_size == pretrained.vocabulary().vocab_size
   assert model.eos_id == pretrained.vocabulary().eos_id
   info = pretrained.info(name)
-  assert info['parameters'] == sum(
-      int(np.prod(np.shape(x))) for x in
-      __import__('jax').tree_util.tree_leaves(model.params))
+  assert info['parameters'] == parameter_count(model.params)
 
 
 def test_unknown_name():

@@ -9,7 +9,9 @@ import gin
 import pytest
 
 from spec_decode import gin_utils
+from spec_decode import report
 from spec_decode import reproduce
+from spec_decode import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, 'configs')
@@ -24,7 +26,7 @@ def _rows(folder):
 def _build(path, cls, monkeypatch):
   # Loading a model would read a checkpoint (gs:// for the paper rows): the
   # build must not try.
-  monkeypatch.setattr(reproduce.ModelSpec, 'load', _no_load)
+  monkeypatch.setattr(specs.ModelSpec, 'load', _no_load)
   gin.clear_config()
   gin.add_config_file_search_path(CONFIGS)
   gin.parse_config_files_and_bindings([path], [], finalize_config=False)
@@ -112,8 +114,8 @@ def test_gin_dot_flags_become_bindings():
 def test_tables_are_written(tmp_path):
   rows = [{'row': 'a', 'alpha': 0.5, 'measured_speedup': 1.25},
           {'row': 'b', 'alpha': 0.75, 'measured_speedup': None}]
-  paths = reproduce.write_rows(rows, str(tmp_path), 'table2',
-                               ['row', 'alpha', 'measured_speedup'])
+  paths = report.write_rows(rows, str(tmp_path), 'table2',
+                            ['row', 'alpha', 'measured_speedup'])
   assert open(paths['md']).read().splitlines()[2] == '| a | 0.500 | 1.250 |'
   assert open(paths['csv']).read().splitlines()[0] == (
       'row,alpha,measured_speedup')

@@ -1,5 +1,6 @@
 """Speculative decoding is exact: greedy equals baseline, samples follow p."""
 
+import functools
 import itertools
 import math
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
+from spec_decode import block_verification
 from spec_decode import speculative
 from spec_decode.sampling import process_logits
 from spec_decode.sampling import SamplingConfig
@@ -42,10 +44,12 @@ def _frequent_token(tokens):
   return int(values[np.argmax(counts)])
 
 
-def _assert_greedy_equal(target, draft, enc, gamma, eos_id, max_len=MAX_LEN):
+def _assert_greedy_equal(target, draft, enc, gamma, eos_id, max_len=MAX_LEN,
+                         verification='token', **kwargs):
   baseline = sd.generate(target, enc, max_decode_len=max_len, eos_id=eos_id)
   spec = sd.generate(target, enc, max_decode_len=max_len, eos_id=eos_id,
-                     draft=draft, gamma=gamma)
+                     draft=draft, gamma=gamma, verification=verification,
+                     **kwargs)
   np.testing.assert_array_equal(np.asarray(spec.tokens),
                                 np.asarray(baseline.tokens))
   np.testing.assert_array_equal(np.asarray(spec.lengths),
@@ -73,6 +77,51 @@ def test_greedy_equals_baseline_for_every_gamma(gamma):
   proposed = np.asarray(spec.draft_tokens_proposed)
   assert (accepted < proposed).any() and accepted.sum() > 0
   assert (np.asarray(spec.target_calls) <= lengths).all()
+
+
+@pytest.mark.parametrize('gamma', [1, 4])
+def test_greedy_block_verification_equals_baseline(gamma):
+  # One-hot p and q reduce block verification to "accept while the
+  # argmaxes agree": the output is the baseline's, ragged rows and all.
+  enc = random_inputs(7, 9, 512, seed=0)
+  eos_id = _eos_inside_horizon(_target(), enc)
+  baseline, spec = _assert_greedy_equal(_target(), _draft(), enc, gamma,
+                                        eos_id, verification='block')
+  lengths = np.asarray(baseline.lengths)
+  assert lengths.min() < MAX_LEN and lengths.max() == MAX_LEN  # Ragged.
+  accepted = np.asarray(spec.draft_tokens_accepted)
+  assert (accepted < np.asarray(spec.draft_tokens_proposed)).any()
+  assert accepted.sum() > 0
+  # The same iterations as token verification: greedy gains nothing.
+  token = sd.generate(_target(), enc, max_decode_len=MAX_LEN, eos_id=eos_id,
+                      draft=_draft(), gamma=gamma)
+  np.testing.assert_array_equal(np.asarray(spec.target_calls),
+                                np.asarray(token.target_calls))
+
+
+# Thresholds near the median of the _draft()'s own confidence (max prob) and
+# entropy on these inputs, so rows stop after different numbers of tokens.
+STOP_RULES = [('confidence', 0.0275), ('entropy', 5.68)]
+
+
+@pytest.mark.parametrize('rule, threshold', STOP_RULES)
+@pytest.mark.parametrize('verification', ['token', 'block'])
+def test_greedy_with_draft_stop_equals_baseline(rule, threshold,
+                                                verification):
+  enc = random_inputs(7, 9, 512, seed=0)
+  eos_id = _eos_inside_horizon(_target(), enc)
+  _, spec = _assert_greedy_equal(_target(), _draft(), enc, 5, eos_id,
+                                 verification=verification, draft_stop=rule,
+                                 draft_threshold=threshold)
+  calls = np.asarray(spec.target_calls)
+  proposed = np.asarray(spec.draft_tokens_proposed)
+  accepted = np.asarray(spec.draft_tokens_accepted)
+  # Rows stopped early (fewer than gamma proposals per call) but always
+  # proposed at least one token; nothing past a stop was accepted.
+  assert (proposed >= calls).all() and (proposed < 5 * calls).any()
+  assert (accepted <= proposed).all()
+  examined = np.asarray(spec.verified_positions)
+  assert (accepted <= examined).all() and (examined <= proposed).all()
 
 
 @pytest.mark.parametrize('batch', [1, 4])
@@ -123,13 +172,15 @@ def test_greedy_equals_t5x_with_fixture_targets(target_name, draft_name, eos):
                                 g[prefix + 'greedy_tokens'])
 
 
-@pytest.mark.parametrize('gamma', [2, 5])
-def test_draft_equal_to_target_accepts_everything(gamma):
+@pytest.mark.parametrize('gamma, verification', [(2, 'token'), (5, 'token'),
+                                                 (3, 'block')])
+def test_draft_equal_to_target_accepts_everything(gamma, verification):
   enc = random_inputs(4, 9, 512, seed=2)
   eos_id = _eos_inside_horizon(_target(), enc)
   for temperature in (0.0, 1.0):
     spec = sd.generate(_target(), enc, max_decode_len=MAX_LEN, eos_id=eos_id,
-                       draft=_target(), gamma=gamma, temperature=temperature)
+                       draft=_target(), gamma=gamma, temperature=temperature,
+                       verification=verification)
     lengths = np.asarray(spec.lengths)
     np.testing.assert_array_equal(np.asarray(spec.target_calls),
                                   np.ceil(lengths / (gamma + 1)))
@@ -137,10 +188,12 @@ def test_draft_equal_to_target_accepts_everything(gamma):
     np.testing.assert_allclose(np.asarray(spec.mean_beta), 1.0, atol=1e-5)
 
 
-def test_statistics_are_consistent():
+@pytest.mark.parametrize('verification', ['token', 'block'])
+def test_statistics_are_consistent(verification):
   enc = random_inputs(7, 9, 512, seed=0)
   spec = sd.generate(_target(), enc, max_decode_len=MAX_LEN, draft=_draft(),
-                     gamma=3, temperature=1.0, rng=jax.random.PRNGKey(2))
+                     gamma=3, temperature=1.0, rng=jax.random.PRNGKey(2),
+                     verification=verification)
   calls = np.asarray(spec.target_calls)
   np.testing.assert_array_equal(np.asarray(spec.draft_tokens_proposed),
                                 3 * calls)
@@ -190,6 +243,31 @@ def test_compiles_once_per_static_configuration():
     (dict(lenience=0.0), ValueError, r'lenience must be in \(0, 1\]'),
     (dict(lenience=1.5), ValueError, r'lenience must be in \(0, 1\]'),
     (dict(draft='small'), TypeError, 'draft must be a spec_decode.Model'),
+    (dict(verification='tree'), ValueError,
+     "verification must be one of 'token', 'block', got 'tree'"),
+    (dict(verification=None), ValueError,
+     "verification must be one of 'token', 'block', got None"),
+    (dict(verification='Block'), ValueError, 'verification must be one of'),
+    (dict(verification='block', lenience=0.5), ValueError,
+     "lenience must be 1 with verification='block'"),
+    (dict(verification='block', gamma='auto', lenience=0.5), ValueError,
+     "lenience must be 1 with verification='block'"),
+    (dict(draft_stop='margin', draft_threshold=0.5), ValueError,
+     "draft_stop must be None, 'confidence' or 'entropy', got 'margin'"),
+    (dict(draft_stop='confidence'), ValueError,
+     "draft_threshold must be given with draft_stop='confidence'"),
+    (dict(draft_threshold=0.5), ValueError, 'draft_threshold needs '
+     'draft_stop'),
+    (dict(draft_stop='confidence', draft_threshold=1.5), ValueError,
+     r"draft_threshold must be in \(0, 1\] with draft_stop='confidence'"),
+    (dict(draft_stop='confidence', draft_threshold=0.0), ValueError,
+     r'draft_threshold must be in \(0, 1\]'),
+    (dict(draft_stop='entropy', draft_threshold=-0.1), ValueError,
+     "draft_threshold must be >= 0 with draft_stop='entropy'"),
+    (dict(draft_stop='entropy', draft_threshold='high'), TypeError,
+     'draft_threshold must be a number'),
+    (dict(draft_stop='entropy', draft_threshold=float('nan')), ValueError,
+     'draft_threshold must be finite'),
 ])
 def test_bad_arguments(kwargs, error, message):
   arguments = dict(draft=_draft(), gamma=2)
@@ -309,11 +387,13 @@ def _exact_distribution(target, enc, sampling, eos_id):
   return probs
 
 
-def _sample_counts(target, draft, enc, sampling, gamma, seed):
+def _sample_counts(target, draft, enc, sampling, gamma, seed,
+                   verification='token'):
   result = sd.generate(target, np.tile(enc, (SAMPLES, 1)),
                        max_decode_len=E2E_LEN, draft=draft, gamma=gamma,
                        temperature=sampling.temperature, top_k=sampling.top_k,
-                       top_p=sampling.top_p, rng=jax.random.PRNGKey(seed))
+                       top_p=sampling.top_p, rng=jax.random.PRNGKey(seed),
+                       verification=verification)
   outputs, counts = np.unique(np.asarray(result.tokens), axis=0,
                               return_counts=True)
   return {tuple(o): int(c) for o, c in zip(outputs, counts)}, result
@@ -334,16 +414,114 @@ SAMPLING_CASES = [
 ]
 
 
+@functools.lru_cache(maxsize=None)
+def _correct_samples(case, verification):
+  """Counts and tokens per target call of one exact run (shared by tests)."""
+  sampling, gamma = SAMPLING_CASES[case]
+  target, draft = _tiny_pair()
+  counts, result = _sample_counts(target, draft, np.array([[3, 4, 2]],
+                                                          np.int32),
+                                  sampling, gamma, seed=0,
+                                  verification=verification)
+  per_call = float(np.sum(np.asarray(result.lengths))
+                   / np.sum(np.asarray(result.target_calls)))
+  return counts, float(np.mean(np.asarray(result.acceptance_rate))), per_call
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize('sampling, gamma', SAMPLING_CASES)
-def test_samples_follow_the_target_distribution(sampling, gamma):
+@pytest.mark.parametrize('verification', ['token', 'block'])
+@pytest.mark.parametrize('case', range(len(SAMPLING_CASES)))
+def test_samples_follow_the_target_distribution(case, verification):
+  sampling, _ = SAMPLING_CASES[case]
+  target, _ = _tiny_pair()
+  enc = np.array([[3, 4, 2]], np.int32)
+  probs = _exact_distribution(target, enc, sampling, eos_id=1)
+  counts, acceptance, _ = _correct_samples(case, verification)
+  # The pair must disagree enough for the test to mean something.
+  assert 0.2 < acceptance < 0.95
+  assert _pvalue(counts, probs) > FALSE_ALARM_RATE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('rule, threshold, verification', [
+    # Near the tiny draft's median confidence / entropy: mixed stops.
+    ('confidence', 0.45, 'token'),
+    ('entropy', 1.32, 'block'),
+])
+def test_samples_with_draft_stop_follow_the_target_distribution(
+    rule, threshold, verification):
+  sampling, gamma = SAMPLING_CASES[0]
   target, draft = _tiny_pair()
   enc = np.array([[3, 4, 2]], np.int32)
   probs = _exact_distribution(target, enc, sampling, eos_id=1)
-  counts, result = _sample_counts(target, draft, enc, sampling, gamma, seed=0)
-  # The pair must disagree enough for the test to mean something.
-  assert 0.2 < float(np.mean(np.asarray(result.acceptance_rate))) < 0.95
+  result = sd.generate(target, np.tile(enc, (SAMPLES, 1)),
+                       max_decode_len=E2E_LEN, draft=draft, gamma=gamma,
+                       temperature=sampling.temperature,
+                       rng=jax.random.PRNGKey(0), verification=verification,
+                       draft_stop=rule, draft_threshold=threshold)
+  calls = np.asarray(result.target_calls)
+  proposed = np.asarray(result.draft_tokens_proposed)
+  # The rule must bite often, and not always, for the test to mean much.
+  assert 0.2 < np.mean(proposed < gamma * calls) < 0.95
+  outputs, counts = np.unique(np.asarray(result.tokens), axis=0,
+                              return_counts=True)
+  counts = {tuple(o): int(c) for o, c in zip(outputs, counts)}
   assert _pvalue(counts, probs) > FALSE_ALARM_RATE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('case', range(len(SAMPLING_CASES)))
+def test_block_verification_emits_more_tokens_per_call(case):
+  # Same rows, same draft and target: block verification must emit more
+  # tokens per target call than token verification (its expectation is
+  # never lower, and this pair disagrees enough for a visible gap).
+  _, _, token = _correct_samples(case, 'token')
+  _, _, block = _correct_samples(case, 'block')
+  assert block > token
+
+
+def _block_correction_from_p(draft_probs, target_probs, weights,
+                             num_accepted):
+  """Mistake: the correction drawn from p_{tau+1} instead of the residual."""
+  del draft_probs, weights
+  return jnp.take_along_axis(target_probs, num_accepted[:, None, None],
+                             axis=1)[:, 0]
+
+
+def _block_stops_at_first_failure(draft_tokens, draft_probs, target_probs,
+                                  uniforms):
+  """Mistake: block keep probabilities used token-style (first failure)."""
+  weights, h = block_verification.keep_probabilities(
+      draft_tokens, draft_probs, target_probs)
+  num_accepted = jnp.sum(jnp.cumprod((uniforms < h).astype(jnp.int32),
+                                     axis=1), axis=1).astype(jnp.int32)
+  return num_accepted, block_verification.block_residual(
+      draft_probs, target_probs, weights, num_accepted)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name, mistake', [
+    ('block_residual', _block_correction_from_p),
+    ('verify_block', _block_stops_at_first_failure),
+])
+def test_negative_control_biased_block_verification_is_detected(
+    monkeypatch, name, mistake):
+  # Plausible mistakes in block verification are biases the statistical
+  # test must catch with the same samples. (Subtler ones, e.g. a residual
+  # without the weight w_tau, are caught by the exact enumeration in
+  # test_block_verification.py.)
+  target, draft = _tiny_pair()
+  enc = np.array([[3, 4, 2]], np.int32)
+  sampling = SamplingConfig(1.0)
+  probs = _exact_distribution(target, enc, sampling, eos_id=1)
+  jax.clear_caches()
+  monkeypatch.setattr(block_verification, name, mistake)
+  try:
+    counts, _ = _sample_counts(target, draft, enc, sampling, gamma=3, seed=0,
+                               verification='block')
+  finally:
+    jax.clear_caches()
+  assert _pvalue(counts, probs) < FALSE_ALARM_RATE
 
 
 @pytest.mark.slow
@@ -387,6 +565,16 @@ def test_greedy_equals_baseline_full_grid(gamma, batch):
   enc = random_inputs(batch, 9, 512, seed=10 + batch)
   for eos_id in (_eos_inside_horizon(_target(), enc), 1):
     _assert_greedy_equal(_target(), _draft(), enc, gamma, eos_id)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('gamma', [1, 3, 5, 8])
+@pytest.mark.parametrize('batch', [1, 4, 7])
+def test_greedy_block_verification_equals_baseline_full_grid(gamma, batch):
+  enc = random_inputs(batch, 9, 512, seed=10 + batch)
+  for eos_id in (_eos_inside_horizon(_target(), enc), 1):
+    _assert_greedy_equal(_target(), _draft(), enc, gamma, eos_id,
+                         verification='block')
 
 
 @requires_fixtures

@@ -55,6 +55,21 @@ def test_pad_batch():
                                 [[1, 2], [4, 0]])
 
 
+def test_truncation_keeps_eos():
+  tokens = np.array([5, 6, 7, 9], np.int32)
+  assert tasks.truncate_keeping_eos(tokens, 4, eos_id=9) is tokens
+  np.testing.assert_array_equal(
+      tasks.truncate_keeping_eos(tokens, 3, eos_id=9), [5, 6, 9])
+
+
+def test_pad_rows_keeps_the_compiled_batch_size():
+  batch = np.array([[3, 4]], np.int32)
+  padded = tasks.pad_rows(batch, 3)
+  np.testing.assert_array_equal(padded, [[3, 4], [0, 0], [0, 0]])
+  assert padded.dtype == np.int32
+  assert tasks.pad_rows(batch, 1) is batch
+
+
 @pytest.mark.slow
 def test_seqio_tasks_tokenize_like_ours(tmp_path):
   # Needs the [data] extra (seqio, TensorFlow): the slow suite installs it.

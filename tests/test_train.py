@@ -11,8 +11,12 @@ import numpy as np
 import pytest
 
 from spec_decode import checkpoints
+from spec_decode import distill
 from spec_decode import pretrained
 from spec_decode import train
+from spec_decode import train_eval
+from spec_decode import train_state
+from spec_decode.data import batching
 from spec_decode.data import tasks
 from spec_decode.model import T5Config
 
@@ -60,14 +64,14 @@ def test_batches_are_bucketed_and_reproducible(tmp_path):
   data_dir = _tiny_data(tmp_path)
   split = tasks.TokenizedSplit.load(
       tasks.tokenized_path(data_dir, 'translate_en_de', 'train'))
-  sampler = train.BatchSampler({'translate_en_de': split},
-                               {'translate_en_de': 1.0}, 512, seed=3)
+  sampler = batching.BatchSampler({'translate_en_de': split},
+                                  {'translate_en_de': 1.0}, 512, seed=3)
   first, again = sampler.batch(7), sampler.batch(7)
   for key in first:
     np.testing.assert_array_equal(first[key], again[key])
   shape = first['inputs'].shape + first['targets'].shape[1:]
   assert shape in [tuple(s) for s in sampler.shapes()]
-  assert first['inputs'].shape[1] in train.INPUT_BUCKETS
+  assert first['inputs'].shape[1] in batching.INPUT_BUCKETS
   assert (first['targets'] > 0).any(axis=1).all()
 
 
@@ -101,7 +105,7 @@ def test_distilled_training_reports_agreement_with_the_teacher(tmp_path):
             str(distill_dir / f'translate_en_de_{split}.npz'))
   outputs = tasks.TokenizedSplit.load(
       str(distill_dir / 'translate_en_de_train.npz'))
-  train.DistillationTargets(
+  distill.DistillationTargets(
       ids=outputs.targets[:, None].astype(np.uint16),
       probs=np.ones((len(outputs.targets), 1), np.float16)).save(
           str(distill_dir / 'translate_en_de_train_teacher.npz'))
@@ -112,7 +116,7 @@ def test_distilled_training_reports_agreement_with_the_teacher(tmp_path):
 
   # The figure is the trained draft's teacher-forced argmax agreement with
   # the teacher's validation outputs, computed here without the trainer.
-  draft = train.load_trained(str(tmp_path / 'draft'))
+  draft = train_state.load_trained(str(tmp_path / 'draft'))
   assert draft.config == config.model
   validation = tasks.TokenizedSplit.load(
       str(distill_dir / 'translate_en_de_validation.npz'))
@@ -131,25 +135,22 @@ def test_distilled_training_reports_agreement_with_the_teacher(tmp_path):
 
 
 def test_agreement_needs_validation_outputs_for_every_task(tmp_path):
-  config = train.TrainConfig(distillation_dir=str(tmp_path),
-                             mixture={'translate_en_de': 1.0,
-                                      'summarize': 1.0})
-  assert train.load_agreement_splits(config) is None
+  mixture = {'translate_en_de': 1.0, 'summarize': 1.0}
+  assert train_eval.load_agreement_splits(str(tmp_path), mixture) is None
   tasks.TokenizedSplit.from_sequences([[5, 1]], [[6, 1]]).save(
       str(tmp_path / 'translate_en_de_validation.npz'))
-  assert train.load_agreement_splits(config) is None
+  assert train_eval.load_agreement_splits(str(tmp_path), mixture) is None
   tasks.TokenizedSplit.from_sequences([[7, 1]], [[8, 1]]).save(
       str(tmp_path / 'summarize_validation.npz'))
-  splits = train.load_agreement_splits(config)
+  splits = train_eval.load_agreement_splits(str(tmp_path), mixture)
   assert sorted(splits) == ['summarize', 'translate_en_de']
   np.testing.assert_array_equal(splits['summarize'].target(0), [8, 1])
-  assert train.load_agreement_splits(
-      train.TrainConfig(distillation_dir=None)) is None
+  assert train_eval.load_agreement_splits(None, mixture) is None
 
 
 def test_load_trained_names_what_is_missing(tmp_path):
   with pytest.raises(FileNotFoundError, match='config.json does not exist'):
-    train.load_trained(str(tmp_path / 'checkpoint_5'))
+    train_state.load_trained(str(tmp_path / 'checkpoint_5'))
 
 
 def test_train_script_binds_model_fields_from_the_command_line(tmp_path):
@@ -185,10 +186,10 @@ def test_buckets_set_the_compiled_shapes(tmp_path):
   data_dir = _tiny_data(tmp_path)
   split = tasks.TokenizedSplit.load(
       tasks.tokenized_path(data_dir, 'translate_en_de', 'train'))
-  sampler = train.BatchSampler({'translate_en_de': split},
-                               {'translate_en_de': 1.0}, 4096, seed=0,
-                               max_input_length=64, input_buckets=(64,),
-                               target_buckets=(32, 96))
+  sampler = batching.BatchSampler({'translate_en_de': split},
+                                  {'translate_en_de': 1.0}, 4096, seed=0,
+                                  max_input_length=64, input_buckets=(64,),
+                                  target_buckets=(32, 96))
   assert {s[1:] for s in sampler.shapes()} <= {(64, 32), (64, 96)}
   for step in range(5):
     batch = sampler.batch(step)
@@ -208,7 +209,7 @@ def test_time_limit_and_on_policy_distillation(tmp_path):
       tasks.tokenized_path(data_dir, 'translate_en_de', 'train'))
   split.save(str(distill_dir / 'translate_en_de_train.npz'))
   total = int(split.target_offsets[-1])
-  train.DistillationTargets(
+  distill.DistillationTargets(
       ids=split.targets[:, None].astype(np.uint16),
       probs=np.ones((total, 1), np.float16)).save(
           str(distill_dir / 'translate_en_de_train_teacher.npz'))

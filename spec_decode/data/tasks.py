@@ -9,7 +9,7 @@ so tests and the main job run without fetching anything.
 
 import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -174,6 +174,39 @@ def pad_batch(sequences: Sequence[np.ndarray], length: int) -> np.ndarray:
   return batch
 
 
+def truncate_keeping_eos(tokens: np.ndarray, length: int,
+                         eos_id: int) -> np.ndarray:
+  """Cuts a sequence that ends with EOS to `length` tokens, as T5 does.
+
+  Args:
+    tokens: int [n] token ids.
+    length: The most tokens kept.
+    eos_id: The vocabulary's EOS id, which a cut sequence ends with.
+
+  Returns:
+    `tokens` itself if it fits; else its first `length - 1` tokens, then EOS.
+  """
+  if len(tokens) <= length:
+    return tokens
+  return np.append(tokens[:length - 1], eos_id)
+
+
+def pad_rows(batch: np.ndarray, rows: int) -> np.ndarray:
+  """Appends all-0 rows up to `rows`, so a short last batch keeps the shape.
+
+  Args:
+    batch: [n, ...] with n <= rows.
+    rows: The batch size every call is compiled for.
+
+  Returns:
+    [rows, ...] of `batch`'s dtype: `batch`, then 0 rows (padding).
+  """
+  if len(batch) >= rows:
+    return batch
+  padding = np.zeros((rows - len(batch),) + batch.shape[1:], batch.dtype)
+  return np.concatenate([batch, padding])
+
+
 def register_seqio_tasks(data_dir: str, vocabulary_path: str,
                          task_suffix: str = '') -> List[str]:
   """Registers both tasks with seqio (needs the `[data]` extra).
@@ -233,13 +266,3 @@ def split_summary(split: TokenizedSplit) -> Dict[str, float]:
   return {'examples': len(split),
           'input_tokens': int(split.input_lengths.sum()),
           'target_tokens': int(split.target_lengths.sum())}
-
-
-def length_buckets(lengths: np.ndarray, boundaries: Sequence[int]
-                   ) -> np.ndarray:
-  """Index of the smallest boundary >= each length."""
-  return np.searchsorted(np.asarray(boundaries), lengths, side='left')
-
-
-def bucket_boundaries(max_length: int, step: int = 16) -> Tuple[int, ...]:
-  return tuple(range(step, max_length + step, step))

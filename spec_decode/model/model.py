@@ -5,7 +5,8 @@ Baseline and speculative decoding both go through `prepare_decoding` and
 """
 
 import functools
-from typing import Any, Dict, Tuple
+import math
+from typing import Any, Dict, Optional, Tuple
 
 import flax
 import flax.linen as nn
@@ -66,6 +67,34 @@ def logical_axes(config: T5Config) -> Dict[str, Any]:
     'relpos_buckets'), ready for `flax.linen.logical_to_mesh_sharding`.
   """
   return flax.core.unfreeze(nn.get_partition_spec(_abstract_variables(config)))
+
+
+def parameter_count(params: Any) -> int:
+  """The number of scalars in a parameter tree.
+
+  Args:
+    params: Nested dict of arrays, or of anything with a `.shape` (e.g.
+      `param_shapes`' `jax.ShapeDtypeStruct`s).
+
+  Returns:
+    The sum over leaves of their sizes.
+  """
+  return sum(math.prod(np.shape(x)) for x in jax.tree_util.tree_leaves(params))
+
+
+def shift_right(targets: Any) -> Any:
+  """Decoder inputs for teacher forcing: targets shifted right, 0 first.
+
+  Args:
+    targets: int [batch, length], a numpy array or a (traced) jax array.
+
+  Returns:
+    [batch, length] of the same kind: 0, then targets[:, :-1].
+  """
+  # numpy stays numpy, so host-side callers get host arrays back.
+  xp = np if isinstance(targets, np.ndarray) else jnp
+  return xp.concatenate([xp.zeros_like(targets[:, :1]), targets[:, :-1]],
+                        axis=1)
 
 
 def _flatten(tree: Dict[str, Any]) -> Dict[str, Any]:
@@ -173,9 +202,8 @@ class Model:
     return self._eos_id
 
   def __repr__(self) -> str:
-    count = sum(int(np.prod(np.shape(x)))
-                for x in jax.tree_util.tree_leaves(self._params))
-    return f'Model({self._config}, {count:,} parameters)'
+    return (f'Model({self._config}, {parameter_count(self._params):,} '
+            'parameters)')
 
   def logits(self, encoder_input_tokens: Any,
              decoder_input_tokens: Any) -> Array:
@@ -222,9 +250,35 @@ class Model:
     targets = validation.check_tokens('decoder_target_tokens',
                                       decoder_target_tokens,
                                       self._config.vocab_size)
-    inputs = np.concatenate(
-        [np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
-    logits = self.logits(encoder_input_tokens, inputs)
+    logits = self.logits(encoder_input_tokens, shift_right(targets))
     logprobs = jax.nn.log_softmax(logits)
     picked = jnp.take_along_axis(logprobs, targets[..., None], axis=-1)[..., 0]
     return jnp.where(targets > 0, picked, 0.0)
+
+
+def truncated_model(model: Model, num_decoder_layers: int,
+                    num_encoder_layers: Optional[int] = None) -> Model:
+  """A draft that shares `model`'s weights but keeps only its first layers.
+
+  Args:
+    model: The target.
+    num_decoder_layers: Decoder layers to keep.
+    num_encoder_layers: Encoder layers to keep (default: all).
+
+  Returns:
+    A `Model` with the same vocabulary, embeddings and output layer.
+  """
+  config = model.config
+  if num_encoder_layers is None:
+    num_encoder_layers = config.num_encoder_layers
+  small = config.replace(num_decoder_layers=num_decoder_layers,
+                         num_encoder_layers=num_encoder_layers)
+  keep = {'encoder': num_encoder_layers, 'decoder': num_decoder_layers}
+  params = {'token_embedder': model.params['token_embedder']}
+  for stack, count in keep.items():
+    params[stack] = {
+        name: value for name, value in model.params[stack].items()
+        if not name.startswith('layers_') or int(name.split('_')[1]) < count}
+    if not count:
+      params[stack].pop('relpos_bias', None)
+  return Model(small, params, eos_id=model.eos_id)

@@ -1,0 +1,118 @@
+"""Evaluating a model as training does: validation loss, accuracy, agreement.
+
+Training reports these at every evaluation; `scripts/agreement.py` computes
+the agreement of any draft the same way, without an optimizer. The eval step
+is the training loss without dropout or gradients (see `train.make_loss_fn`).
+"""
+
+import os
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+
+import jax
+
+from spec_decode.data import batching
+from spec_decode.data import tasks
+
+Array = jax.Array
+# (params, batch, dropout_rng=None) -> (loss, metrics), as `train.make_loss_fn`.
+LossFn = Callable[..., Tuple[Array, Dict[str, Array]]]
+EvalStep = Callable[[Any, Dict[str, Any]], Dict[str, Array]]
+
+
+def make_eval_step(loss_fn: LossFn) -> EvalStep:
+  """The jitted metrics of a batch under the deterministic model.
+
+  Args:
+    loss_fn: The training loss; called without a dropout key, it runs the
+      model without dropout.
+
+  Returns:
+    eval_step(params, batch) -> the loss's metrics ('loss_sum',
+    'token_count', 'correct').
+  """
+
+  @jax.jit
+  def eval_step(params, batch):
+    return loss_fn(params, batch)[1]
+
+  return eval_step
+
+
+def load_agreement_splits(distillation_dir: Optional[str],
+                          task_names: Iterable[str]
+                          ) -> Optional[Dict[str, tasks.TokenizedSplit]]:
+  """The teacher's greedy outputs on validation inputs, if distilled.
+
+  Args:
+    distillation_dir: The run's distillation folder (written by
+      scripts/distill.py), or None.
+    task_names: The tasks of the run's mixture.
+
+  Returns:
+    task -> split of `<distillation_dir>/<task>_validation.npz` for every
+    task, or None without a distillation folder or when a task's file is
+    missing (folders written before scripts/distill.py wrote validation
+    outputs).
+  """
+  if not distillation_dir:
+    return None
+  paths = {name: os.path.join(distillation_dir, f'{name}_validation.npz')
+           for name in task_names}
+  if not all(os.path.isfile(path) for path in paths.values()):
+    return None
+  return {name: tasks.TokenizedSplit.load(path)
+          for name, path in paths.items()}
+
+
+def evaluate(eval_step: EvalStep, params, sampler: batching.BatchSampler,
+             mixture: Mapping[str, float], count: int) -> Dict[str, float]:
+  """Validation loss and token accuracy per task.
+
+  Args:
+    eval_step: From `make_eval_step`.
+    params: The model's parameters.
+    sampler: Batches of the validation data.
+    mixture: The tasks to evaluate (keys).
+    count: Examples per task (the first ones).
+
+  Returns:
+    `<task>/loss` and `<task>/accuracy` per task.
+  """
+  results = {}
+  for name in sorted(mixture):
+    totals = {'loss_sum': 0.0, 'token_count': 0.0, 'correct': 0.0}
+    for batch in sampler.eval_batches(name, count):
+      metrics = eval_step(params, batch)
+      for key in totals:
+        totals[key] += float(metrics[key])
+    results[f'{name}/loss'] = totals['loss_sum'] / max(totals['token_count'],
+                                                       1)
+    results[f'{name}/accuracy'] = totals['correct'] / max(
+        totals['token_count'], 1)
+  return results
+
+
+def evaluate_agreement(eval_step: EvalStep, params,
+                       sampler: batching.BatchSampler,
+                       mixture: Mapping[str, float],
+                       count: int) -> Dict[str, float]:
+  """Teacher-forced argmax agreement with the teacher's greedy outputs.
+
+  At each position of the teacher's greedy output the draft's argmax either
+  is the teacher's token or not; greedy speculative decoding accepts a draft
+  token exactly when it is. So this token accuracy, on inputs neither model
+  trained on, estimates the paper's alpha at temperature 0 without decoding.
+
+  Args:
+    eval_step: From `make_eval_step`.
+    params: The draft's parameters.
+    sampler: Batches of the splits `load_agreement_splits` returns.
+    mixture: The tasks to evaluate (keys).
+    count: Examples per task (the first ones).
+
+  Returns:
+    `<task>/target_agreement` per task.
+  """
+  metrics = evaluate(eval_step, params, sampler, mixture, count)
+  return {f'{name}/target_agreement': metrics[f'{name}/accuracy']
+          for name in sorted(mixture)}
