@@ -4,8 +4,8 @@ r"""Drafts' agreement with the target on validation inputs, without decoding.
       --drafts=t5_local_draft_tiny,t5_local_draft_small,runs/draft_tiny
 
 For each draft (a shipped name, or a training folder or checkpoint written by
-scripts/train.py): its teacher-forced argmax agreement with the target's
-greedy outputs on the validation inputs scripts/distill.py recorded. Greedy
+scripts/train_model.py): its teacher-forced argmax agreement with the target's
+greedy outputs on the validation inputs scripts/distill_target.py recorded. Greedy
 speculative decoding accepts a draft token exactly when the two argmaxes
 agree, so this is the paper's alpha at T=0 on held-out inputs, in seconds;
 draft training logs the same figure as `<task>/target_agreement`.
@@ -28,7 +28,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_list('drafts', ['t5_local_draft_tiny', 't5_local_draft_small'],
                   'Shipped model names or training folders.')
 flags.DEFINE_string('distillation_dir', 'data/distill',
-                    'Folder with <task>_validation.npz from distill.py.')
+                    'Folder with <task>_validation.npz from distill_target.py.')
 flags.DEFINE_multi_string('task', ['translate_en_de', 'summarize'], 'Tasks.')
 flags.DEFINE_integer('examples', 1000, 'Validation examples per task (the '
                      'first ones; all if fewer were recorded).')
@@ -47,7 +47,7 @@ def main(argv):
     raise app.UsageError(
         f'--distillation_dir={FLAGS.distillation_dir!r} has no '
         '<task>_validation.npz for every --task; write them with python '
-        'scripts/distill.py --target=t5_local_target --splits=validation '
+        'scripts/distill_target.py --target=t5_local_target --splits=validation '
         f'--output_dir={FLAGS.distillation_dir}')
   sampler = batching.BatchSampler(splits, mixture, config.batch_tokens,
                                   config.seed,

@@ -1,6 +1,6 @@
 r"""Exports trained models into the package (bfloat16, T5X format) + manifest.
 
-  python scripts/export_models.py            # after train.py and distill.py
+  python scripts/export_models.py   # after train_model.py and distill_target.py
   python scripts/export_models.py --models=t5_local_draft_tiny   # one model
 
 Each model is written as a T5X checkpoint (gzip zarr leaves) under
@@ -31,7 +31,7 @@ from spec_decode.model import parameter_count
 FLAGS = flags.FLAGS
 flags.DEFINE_string('runs_dir', 'runs', 'Training folders.')
 flags.DEFINE_string('data_dir', 'data', 'Folder from prepare_data.py.')
-flags.DEFINE_string('distill_dir', 'data/distill', 'From distill.py.')
+flags.DEFINE_string('distill_dir', 'data/distill', 'From distill_target.py.')
 flags.DEFINE_integer('eval_examples', 400, 'En->De test examples scored.')
 flags.DEFINE_integer('batch_size', 50, 'Decoding batch size for scoring.')
 flags.DEFINE_list('models', None, 'Names to export (default: all); the '

@@ -40,7 +40,7 @@ bundle() {
 }
 
 stamp target
-python scripts/train.py --gin_file=configs/train/target_gpu.gin "${common[@]}" \
+python scripts/train_model.py --gin_file=configs/train/target_gpu.gin "${common[@]}" \
   --gin.MODEL_DIR="'$RUNS/target_gpu'" \
   --gin.train.TrainConfig.time_limit_seconds="$TARGET_SECONDS" "${small[@]}"
 python scripts/pack_run.py pack --run_dir="$RUNS/target_gpu" --output_dir="$STAGE" \
@@ -48,14 +48,14 @@ python scripts/pack_run.py pack --run_dir="$RUNS/target_gpu" --output_dir="$STAG
 bundle
 
 stamp distill
-python scripts/distill.py --target_dir="$RUNS/target_gpu" --data_dir="$DATA_DIR" \
+python scripts/distill_target.py --target_dir="$RUNS/target_gpu" --data_dir="$DATA_DIR" \
   --output_dir="$DISTILL_DIR" --max_examples="$examples" --batch_size=1024 \
   --top_k_batch_size=512 --length_multiple=32 --validation_examples=$validation
 
 for mode in offline on_policy; do
   stamp "draft $mode"
   fraction=0.5; [[ $mode == offline ]] && fraction=0.0
-  python scripts/train.py --gin_file=configs/train/draft_tiny_gpu.gin "${common[@]}" \
+  python scripts/train_model.py --gin_file=configs/train/draft_tiny_gpu.gin "${common[@]}" \
     --gin.MODEL_DIR="'$RUNS/draft_tiny_gpu_$mode'" \
     --gin.train.TrainConfig.distillation_dir="'$DISTILL_DIR'" \
     --gin.train.TrainConfig.teacher_dir="'$RUNS/target_gpu'" \

@@ -10,6 +10,7 @@ and a bigram model (a T5 without layers) trained on the same data.
 
 import dataclasses
 import os
+import time
 from typing import Iterator, Sequence, Tuple
 
 import jax
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import generation
+from spec_decode import report
 from spec_decode.data import tasks
 from spec_decode.model import Model
 from spec_decode.model import shift_right
@@ -80,6 +82,7 @@ def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
     outputs as targets; outputs without EOS get one appended.
   """
   inputs, outputs = {}, {}
+  started = time.time()
   for count, (chunk, rows) in enumerate(
       _batches(indices, split, batch_size, max_input_length, target.eos_id,
                length_multiple)):
@@ -94,7 +97,8 @@ def teacher_outputs(target: Model, split: tasks.TokenizedSplit,
       inputs[index] = rows[row][rows[row] > 0]
       outputs[index] = out
     if log_every and count % log_every == 0:
-      print(f'  teacher outputs: {len(outputs)}/{len(indices)}', flush=True)
+      print('  ' + report.progress_line('teacher outputs', len(outputs),
+                                        len(indices), started), flush=True)
   order = list(indices)
   return tasks.TokenizedSplit.from_sequences([inputs[i] for i in order],
                                              [outputs[i] for i in order])
@@ -117,6 +121,7 @@ def teacher_top_k(target: Model, split: tasks.TokenizedSplit, k: int = 16,
     return indices, values
 
   order = sorted(range(len(split)), key=lambda i: split.target_lengths[i])
+  started = time.time()
   for count, start in enumerate(range(0, len(order), batch_size)):
     chunk = order[start:start + batch_size]
     input_len = _round_up(max(split.input_lengths[chunk]), length_multiple)
@@ -135,8 +140,8 @@ def teacher_top_k(target: Model, split: tasks.TokenizedSplit, k: int = 16,
       ids[start_offset:start_offset + n] = top_ids[row, :n]
       probs[start_offset:start_offset + n] = top_probs[row, :n]
     if log_every and count % log_every == 0:
-      print(f'  teacher top-{k}: {start + len(chunk)}/{len(order)}',
-            flush=True)
+      print('  ' + report.progress_line(f'teacher top-{k}', start + len(chunk),
+                                        len(order), started), flush=True)
   return DistillationTargets(ids=ids, probs=probs)
 
 

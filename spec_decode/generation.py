@@ -103,14 +103,15 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   if draft is None:
     return decoding.baseline_generate(config, model.params, tokens, rng,
                                       max_decode_len, sampling, eos_id)
-  if isinstance(gamma, str):
-    if gamma != 'auto':
-      raise ValueError(f"gamma must be a positive integer or 'auto', got "
-                       f'{gamma!r}.')
-    speculative.check_compatible(model, draft)
+  speculative.check_compatible(model, draft)
+  if isinstance(gamma, str) and gamma != 'auto':
+    raise ValueError(f"gamma must be a positive integer or 'auto', got "
+                     f'{gamma!r}.')
+  if gamma == 'auto':
     return _auto_generate(model, draft, tokens, rng, max_decode_len,
                           sampling, eos_id, lenience, verification,
                           draft_stop, draft_threshold)
+  gamma = validation.check_int('gamma', gamma, 1)
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,

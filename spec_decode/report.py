@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import time
 from typing import Any, Dict, Optional, Sequence
 
 
@@ -62,3 +63,25 @@ def write_rows(rows: Sequence[Dict[str, Any]], output_dir: str, name: str,
   with open(paths['md'], 'w') as f:
     f.write(markdown_table(rows, columns) + '\n')
   return paths
+
+
+def progress_line(label: str, done: int, total: int, started: float) -> str:
+  """'label: 120/4000 (3%), 12 s so far, about 6.5 min left'.
+
+  Args:
+    label: What is being counted.
+    done: Items finished.
+    total: Items in all.
+    started: `time.time()` when the work began.
+
+  Returns:
+    The line, with an estimate of the time left from the rate so far.
+  """
+  elapsed = time.time() - started
+  line = f'{label}: {done}/{total} ({100.0 * done / max(total, 1):.0f}%), '
+  line += f'{elapsed:.0f} s so far'
+  if 0 < done < total:
+    left = elapsed * (total - done) / done
+    line += (f', about {left / 60:.1f} min left' if left >= 90
+             else f', about {left:.0f} s left')
+  return line

@@ -1,6 +1,6 @@
 """Reproducing the paper's comparisons: functions that return data.
 
-Scripts (`scripts/reproduce.py`, `scripts/sweep.py`) bind these dataclasses
+Scripts (`scripts/reproduce_paper.py`, `scripts/sweep.py`) bind these dataclasses
 from gin files in `configs/paper/` (TPU scale: T5X checkpoints, seqio tasks)
 and `configs/local/` (CPU scale: the shipped models, the local tasks), print
 the results and save them (`report`). Notebooks can call the same functions.

@@ -28,7 +28,6 @@ from spec_decode import block_verification
 from spec_decode import compile as compile_lib
 from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import sampling as sampling_lib
-from spec_decode import validation
 from spec_decode.decoding import DecodeResult
 from spec_decode.model import init_cache
 from spec_decode.model import Model
@@ -397,6 +396,9 @@ def speculative_generate(target: Model, draft: Model,
                          draft_threshold=None) -> DecodeResult:
   """Speculative decoding; call `spec_decode.generate(..., draft=...)`.
 
+  `generate` checks every argument first (so its errors name them); here
+  they are only put into the form the compiled loop takes.
+
   Args:
     target: The model whose distribution the output follows.
     draft: The proposing model.
@@ -415,8 +417,6 @@ def speculative_generate(target: Model, draft: Model,
   Returns:
     A `DecodeResult` with acceptance statistics.
   """
-  check_compatible(target, draft)
-  gamma = validation.check_int('gamma', gamma, 1)
   verification, lenience = block_verification.check_verification(
       verification, lenience)
   stop_rule = draft_stop_lib.check_draft_stop(draft_stop, draft_threshold)

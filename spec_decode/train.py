@@ -46,7 +46,7 @@ Array = jax.Array
 
 @dataclasses.dataclass
 class TrainConfig:
-  """Everything a training run needs (bound from gin by scripts/train.py).
+  """Everything a training run needs (bound from gin by scripts/train_model.py).
 
   Attributes:
     model: Architecture of the model to train (dtype float32 on CPU).
@@ -304,7 +304,7 @@ def train(config: TrainConfig) -> Dict[str, float]:
   if config.distillation_dir and not agreement_sampler:
     print(f'{config.distillation_dir} has no <task>_validation.npz for every '
           'task; target agreement is not reported (re-run '
-          'scripts/distill.py to write them).', flush=True)
+          'scripts/distill_target.py to write them).', flush=True)
   optimizer = make_optimizer(config)
   train_step, eval_step = make_train_step(config, optimizer)
   on_policy_step = teacher_model = None
@@ -357,9 +357,15 @@ def train(config: TrainConfig) -> Dict[str, float]:
     if done % config.log_every == 0 or last:
       jax.block_until_ready(state.step)
       elapsed = time.time() - start_time
+      steps_left = config.num_steps - done
       record = {'step': done,
                 'tokens_per_second': tokens / max(elapsed, 1e-9),
-                'time': time.time()}
+                'time': time.time(),
+                # From this logging interval's pace; a time limit may stop
+                # training sooner.
+                'eta_seconds': round(steps_left * elapsed
+                                     / max(len(pending) +
+                                           len(on_policy_pending), 1))}
       if pending:
         sums = _sum_metrics(pending)
         record['train_loss'] = sums['loss'] / len(pending)

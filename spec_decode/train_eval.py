@@ -45,13 +45,13 @@ def load_agreement_splits(distillation_dir: Optional[str],
 
   Args:
     distillation_dir: The run's distillation folder (written by
-      scripts/distill.py), or None.
+      scripts/distill_target.py), or None.
     task_names: The tasks of the run's mixture.
 
   Returns:
     task -> split of `<distillation_dir>/<task>_validation.npz` for every
     task, or None without a distillation folder or when a task's file is
-    missing (folders written before scripts/distill.py wrote validation
+    missing (folders written before scripts/distill_target.py wrote validation
     outputs).
   """
   if not distillation_dir:

@@ -123,7 +123,7 @@ def load_trained(path: str, eos_id: int = 1) -> Model:
   config_path = os.path.join(run_dir, 'config.json')
   if not os.path.isfile(config_path):
     raise FileNotFoundError(f'{config_path} does not exist: expected a '
-                            'training folder written by scripts/train.py.')
+                            'training folder written by scripts/train_model.py.')
   with open(config_path) as f:
     fields = json.load(f)['model']
   config = T5Config(**{**fields, 'dtype': 'float32'})

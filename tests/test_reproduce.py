@@ -85,7 +85,7 @@ def test_model_configs_parse():
 
 def test_dry_run_prints_what_it_would_load():
   result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'scripts', 'reproduce.py'),
+      [sys.executable, os.path.join(ROOT, 'scripts', 'reproduce_paper.py'),
        '--table=2', f'--rows={os.path.join(CONFIGS, "paper")}',
        '--gin_dry_run', '--gin.T5_1_1_XXL_CHECKPOINT="gs://bucket/xxl"'],
       capture_output=True, text=True, check=True, cwd=ROOT)

@@ -157,7 +157,7 @@ def test_train_script_binds_model_fields_from_the_command_line(tmp_path):
   data_dir = _tiny_data(tmp_path)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   result = subprocess.run(
-      [sys.executable, 'scripts/train.py',
+      [sys.executable, 'scripts/train_model.py',
        '--gin_file=configs/train/draft_tiny.gin',
        f"--gin.MODEL_DIR='{tmp_path / 'run'}'",
        f"--gin.train.TrainConfig.data_dir='{data_dir}'",

@@ -1,12 +1,12 @@
 r"""Reproduces the paper's tables: one command per table.
 
   # Table 2 at CPU scale (shipped models) and on a TPU VM (T5X checkpoints):
-  python scripts/reproduce.py --table=2 --rows=configs/local
-  python scripts/reproduce.py --table=2 --rows=configs/paper \
+  python scripts/reproduce_paper.py --table=2 --rows=configs/local
+  python scripts/reproduce_paper.py --table=2 --rows=configs/paper \
       --gin.T5_1_1_XXL_CHECKPOINT="'gs://...'"
   # Table 3 (alpha of every draft) and the lenience trade-off (Table 5):
-  python scripts/reproduce.py --table=3 --gin_file=local/table3.gin
-  python scripts/reproduce.py --table=lenience --gin_file=local/sweep.gin
+  python scripts/reproduce_paper.py --table=3 --gin_file=local/table3.gin
+  python scripts/reproduce_paper.py --table=lenience --gin_file=local/sweep.gin
   # Any of them with --gin_dry_run prints what would be loaded and stops.
 
 Writes <output_dir>/table<N>.{json,csv,md} and prints the Markdown table.

@@ -5,8 +5,8 @@ batch size, and, with a draft, the target calls, tokens per target call and
 per-token latency of speculative decoding measured in the same run
 (interleaved, after compilation, medians).
 
-  python scripts/benchmark.py --batch_sizes=1,8
-  python scripts/benchmark.py --batch_sizes=1 --draft=truncated --gamma=4
+  python scripts/benchmark_decoding.py --batch_sizes=1,8
+  python scripts/benchmark_decoding.py --batch_sizes=1 --draft=truncated --gamma=4
 
 Random weights give a target and draft that rarely agree unless the draft
 shares the target's weights (`--draft=truncated` keeps the target's first

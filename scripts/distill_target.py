@@ -1,8 +1,8 @@
 r"""Builds the drafts' training data from a trained target.
 
-  python scripts/distill.py --target_dir=runs/target --output_dir=data/distill
-  python scripts/distill.py --target=t5_local_target   # the shipped target
-  python scripts/distill.py --target=t5_local_target --splits=validation \
+  python scripts/distill_target.py --target_dir=runs/target --output_dir=data/distill
+  python scripts/distill_target.py --target=t5_local_target   # the shipped target
+  python scripts/distill_target.py --target=t5_local_target --splits=validation \
       --output_dir=data/distill   # add validation outputs to a folder
 
 For each task: the target's greedy outputs on (a subset of) the training

@@ -1,7 +1,7 @@
 r"""Trains a model with a gin config (resumes from the run's model_dir).
 
-  python scripts/train.py --gin_file=configs/train/target.gin
-  python scripts/train.py --gin_file=configs/train/target.gin \
+  python scripts/train_model.py --gin_file=configs/train/target.gin
+  python scripts/train_model.py --gin_file=configs/train/target.gin \
       --gin.train.TrainConfig.num_steps=100 --gin.MODEL_DIR="'/tmp/t'" \
       --gin.config.T5Config.dropout_rate=0.1
 """
