@@ -17,12 +17,14 @@ processes writing at once leave one whole file, never a torn one.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
 import os
 import platform
 import tempfile
+import weakref
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -91,6 +93,13 @@ class CostProfile:
 
 def machine_description() -> Dict[str, str]:
   """What the costs depend on besides the models: backend, device, CPU."""
+  return dict(_machine_description())
+
+
+# Looked up on every `generate(gamma='auto')` call, so computed once per
+# process (the machine does not change under it) and once per model object.
+@functools.lru_cache(maxsize=None)
+def _machine_description() -> Dict[str, str]:
   cpu = {}
   try:
     with open('/proc/cpuinfo') as f:
@@ -126,12 +135,23 @@ def model_description(model: Model) -> Dict[str, Any]:
   return {'config': config, 'params': shapes}
 
 
+_MODEL_DIGESTS: 'weakref.WeakKeyDictionary[Model, str]' = (
+    weakref.WeakKeyDictionary())
+
+
+def _model_digest(model: Model) -> str:
+  if model not in _MODEL_DIGESTS:
+    text = json.dumps(model_description(model), sort_keys=True, default=str)
+    _MODEL_DIGESTS[model] = hashlib.sha256(text.encode()).hexdigest()
+  return _MODEL_DIGESTS[model]
+
+
 def cache_key(target: Model, draft: Model, batch_size: int,
               max_gamma: int) -> str:
-  description = {'target': model_description(target),
-                 'draft': model_description(draft),
+  description = {'target': _model_digest(target),
+                 'draft': _model_digest(draft),
                  'batch_size': batch_size, 'max_gamma': max_gamma,
-                 'machine': machine_description()}
+                 'machine': _machine_description()}
   text = json.dumps(description, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()
 
@@ -241,17 +261,25 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
   """
   path = path or cache_path()
   key = cache_key(target, draft, batch_size, max_gamma)
+  # The file is read once per process and key, not on every decode.
+  if not refresh and (path, key) in _LOADED:
+    return _LOADED[(path, key)]
   if not refresh:
     entry = read_cache(path).get(key)
     profile = CostProfile.from_json(entry) if entry is not None else None
     if profile is not None and profile.max_gamma == max_gamma:
+      _LOADED[(path, key)] = profile
       return profile
   profile = measure_profile(target, draft, batch_size, max_gamma)
   try:
     write_entry(path, key, profile, machine_description())
   except OSError:
     pass  # A read-only home still decodes; it measures again next time.
+  _LOADED[(path, key)] = profile
   return profile
+
+
+_LOADED: Dict[Tuple[str, str], CostProfile] = {}
 
 
 def choose_gamma(alpha: float, profile: CostProfile,
