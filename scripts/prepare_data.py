@@ -12,12 +12,14 @@ import glob
 import json
 import os
 import random
+import time
 
 from absl import app
 from absl import flags
 from absl import logging
 
 from spec_decode import pretrained
+from spec_decode import report
 from spec_decode.data import corpora
 from spec_decode.data import debian
 from spec_decode.data import tasks
@@ -61,8 +63,13 @@ def build_pairs(raw_dir):
 
 def main(argv):
   del argv
+  started = time.time()
+  stage = lambda name: print(f'[{time.time() - started:.0f} s] {name}',
+                             flush=True)
   raw_dir = os.path.join(FLAGS.data_dir, 'raw')
+  stage('fetching and parsing the Debian sources')
   pairs, counts = build_pairs(raw_dir)
+  stage('splitting and writing the task splits')
   stats = {'raw': counts, 'splits': {}}
   splits = {}
   for task, task_pairs in pairs.items():
@@ -83,18 +90,22 @@ def main(argv):
     random.Random(0).shuffle(texts)
     prefix = os.path.splitext(FLAGS.vocabulary)[0]
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    stage(f'training a {FLAGS.vocab_size}-piece vocabulary')
     tokenizer.train_tokenizer(texts, prefix, FLAGS.vocab_size)
     for extra in glob.glob(prefix + '.vocab'):
       os.remove(extra)
     print(f'trained {FLAGS.vocabulary}', flush=True)
   vocabulary = tokenizer.Vocabulary(FLAGS.vocabulary)
-
+  stage('tokenizing')
+  progress = report.Progress('tokenized splits',
+                             sum(len(s) for s in splits.values()))
   for task, task_splits in splits.items():
     for split, split_pairs in task_splits.items():
       tokenized = tasks.tokenize_pairs(vocabulary, task, split_pairs)
       tokenized.save(tasks.tokenized_path(FLAGS.data_dir, task, split))
       stats['splits'][task][split] = tasks.split_summary(tokenized)
       print(task, split, stats['splits'][task][split], flush=True)
+      progress.step()
   with open(os.path.join(FLAGS.data_dir, 'stats.json'), 'w') as f:
     json.dump(stats, f, indent=1)
 

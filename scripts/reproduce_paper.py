@@ -7,23 +7,26 @@ r"""Reproduces the paper's tables: one command per table.
   # Table 3 (alpha of every draft) and the lenience trade-off (Table 5):
   python scripts/reproduce_paper.py --table=3 --gin_file=local/table3.gin
   python scripts/reproduce_paper.py --table=lenience --gin_file=local/sweep.gin
+  # Token vs block verification x fixed vs adaptive draft length (+ PNG):
+  python scripts/reproduce_paper.py --table=verification \
+      --gin_file=local/verification.gin
   # Any of them with --gin_dry_run prints what would be loaded and stops.
 
 Writes <output_dir>/table<N>.{json,csv,md} and prints the Markdown table.
 """
 
-import glob
 import os
 
 from absl import flags
-import gin
 
 from spec_decode import gin_utils
 from spec_decode import report
 from spec_decode import reproduce
+from spec_decode import sweeps
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum('table', '2', ['2', '3', 'lenience'], 'Which table.')
+flags.DEFINE_enum('table', '2', ['2', '3', 'lenience', 'verification'],
+                  'Which table.')
 flags.DEFINE_multi_string('rows', [],
                           'Table 2: row gin files, or folders of them.')
 flags.DEFINE_string('output_dir', 'output/reproduce', 'Where to write.')
@@ -44,32 +47,22 @@ LENIENCE_COLUMNS = ['lenience', 'temperature', 'alpha', 'alpha_beta',
                     'predicted_speedup_with_verify_cost',
                     'predicted_speedup_at_lengths']
 
-
-def row_files():
-  files = []
-  for entry in FLAGS.rows:
-    if os.path.isdir(entry):
-      files.extend(sorted(
-          f for f in glob.glob(os.path.join(entry, '*.gin'))
-          if os.path.basename(f) not in ('common.gin', 'table3.gin',
-                                         'sweep.gin')))
-    else:
-      files.append(entry)
-  if not files:
-    raise ValueError('--rows names no row gin files.')
-  return files
+VERIFICATION_COLUMNS = [
+    'task', 'temperature', 'batch_size', 'verification', 'draft_length',
+    'alpha', 'tokens_per_target_call', 'measured_speedup',
+    'predicted_speedup_at_lengths', 'identical_rows', 'rows']
 
 
 def load_row(path):
-  gin.clear_config()
-  gin_utils.parse_gin_flags(modules=['reproduce', 'specs'],
-                            extra_files=[path])
-  return gin_utils.build(reproduce.ComparisonRow)
+  return gin_utils.load_row(path, reproduce.ComparisonRow,
+                            modules=['reproduce', 'specs'])
 
 
 def table_2():
   results = []
-  for path in row_files():
+  files = gin_utils.row_files(FLAGS.rows)
+  progress = report.Progress('rows', len(files))
+  for path in files:
     row = load_row(path)
     print(row.describe(), flush=True)
     if FLAGS.gin_dry_run:
@@ -82,6 +75,7 @@ def table_2():
           f"{result['predicted_speedup_with_verify_cost']:.2f}x, and at "
           f"the outputs' lengths {result['predicted_speedup_at_lengths']:.2f}x)",
           flush=True)
+    progress.step()
   return results, TABLE2_COLUMNS
 
 
@@ -90,26 +84,77 @@ def main(argv):
   if FLAGS.table == '2':
     results, columns = table_2()
   else:
-    gin_utils.parse_gin_flags(modules=['reproduce', 'specs'])
+    gin_utils.parse_gin_flags(modules=['reproduce', 'sweeps', 'specs'])
     if FLAGS.table == '3':
       table = gin_utils.build(reproduce.AcceptanceTable)
       print(table.describe())
       if FLAGS.gin_dry_run:
         return
       results, columns = reproduce.acceptance_table(table), TABLE3_COLUMNS
+    elif FLAGS.table == 'verification':
+      comparison = gin_utils.build(sweeps.VerificationComparison)
+      print(comparison.describe())
+      if FLAGS.gin_dry_run:
+        return
+      progress = report.Progress('settings', len(comparison.settings()))
+
+      def on_row(r):
+        print(f"  {r['task']} T={r['temperature']} batch {r['batch_size']} "
+              f"{r['verification']} {r['draft_length']}: "
+              f"{r['tokens_per_target_call']:.2f} tokens/call, "
+              f"{r['measured_speedup']:.2f}x", flush=True)
+        progress.step()
+
+      results = sweeps.verification_comparison(comparison, on_row)
+      columns = VERIFICATION_COLUMNS
     else:
-      sweep = gin_utils.build(reproduce.Sweep)
+      sweep = gin_utils.build(sweeps.Sweep)
       print(sweep.describe())
       if FLAGS.gin_dry_run:
         return
-      results, columns = reproduce.lenience_sweep(sweep), LENIENCE_COLUMNS
+      progress = report.Progress('lenience values', len(sweep.leniences))
+      results = sweeps.lenience_sweep(sweep, progress.step)
+      columns = LENIENCE_COLUMNS
   if FLAGS.gin_dry_run:
     return
   paths = report.write_rows(results, FLAGS.output_dir,
                             f'table{FLAGS.table}', columns)
+  if FLAGS.table == 'verification' and paths:
+    paths['png'] = os.path.join(FLAGS.output_dir, 'tableverification.png')
+    plot_verification(results, paths['png'])
   print()
   print(report.markdown_table(results, columns))
   print('\nwrote', ', '.join(paths.values()))
+
+
+def plot_verification(results, path):
+  """Bars of measured speedup per setting, one panel per batch size."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  batch_sizes = sorted({r['batch_size'] for r in results})
+  cases = sorted({(r['task'], r['temperature']) for r in results})
+  settings = sorted({(r['verification'], r['draft_length']) for r in results})
+  fig, axes = plt.subplots(1, len(batch_sizes), figsize=(
+      6 * len(batch_sizes), 4), squeeze=False)
+  width = 0.8 / len(settings)
+  for ax, batch_size in zip(axes[0], batch_sizes):
+    for index, setting in enumerate(settings):
+      heights = [next((r['measured_speedup'] for r in results
+                       if (r['task'], r['temperature']) == case
+                       and (r['verification'], r['draft_length']) == setting
+                       and r['batch_size'] == batch_size), 0.0)
+                 for case in cases]
+      ax.bar([i + index * width for i in range(len(cases))], heights, width,
+             label=f'{setting[0]}, {setting[1]}')
+    ax.axhline(1.0, color='gray', linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
+    ax.set_xticklabels([f'{t}\nT={temp:g}' for t, temp in cases])
+    ax.set_ylabel('measured speedup over baseline')
+    ax.set_title(f'batch {batch_size}')
+  axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
 
 
 if __name__ == '__main__':

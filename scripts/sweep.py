@@ -16,7 +16,7 @@ import numpy as np
 from spec_decode import analysis
 from spec_decode import gin_utils
 from spec_decode import report
-from spec_decode import reproduce
+from spec_decode import sweeps
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('sweep', 'gamma', ['gamma', 'batch'], 'What to vary.')
@@ -79,26 +79,31 @@ def plot_batch(rows, crossing, path):
 
 def main(argv):
   del argv
-  gin_utils.parse_gin_flags(modules=['reproduce', 'specs'])
-  sweep = gin_utils.build(reproduce.Sweep)
+  gin_utils.parse_gin_flags(modules=['reproduce', 'sweeps', 'specs'])
+  sweep = gin_utils.build(sweeps.Sweep)
   print(sweep.describe(), flush=True)
   if FLAGS.gin_dry_run:
     return
-  if FLAGS.sweep == 'gamma':
-    rows = reproduce.gamma_sweep(sweep)
-  else:
-    rows = reproduce.batch_sweep(sweep)
-  for row in rows:
+  points = sweep.gammas if FLAGS.sweep == 'gamma' else sweep.batch_sizes
+  progress = report.Progress(f'{FLAGS.sweep} sweep points', len(points))
+
+  def on_row(row):
     print(f"gamma {row['gamma']} batch {row['batch_size']}: alpha "
           f"{row['alpha']:.3f} measured {row['measured_speedup']:.2f}x "
           f"predicted {row['predicted_speedup']:.2f}x", flush=True)
+    progress.step()
+
+  if FLAGS.sweep == 'gamma':
+    rows = sweeps.gamma_sweep(sweep, on_row)
+  else:
+    rows = sweeps.batch_sweep(sweep, on_row)
   name = f'sweep_{FLAGS.sweep}'
   paths = report.write_rows(rows, FLAGS.output_dir, name, COLUMNS)
   png = os.path.join(FLAGS.output_dir, name + '.png')
   if FLAGS.sweep == 'gamma':
     plot_gamma(rows, png)
   else:
-    crossing = reproduce.crossing_batch_size(rows)
+    crossing = sweeps.crossing_batch_size(rows)
     plot_batch(rows, crossing, png)
     print(f'speculation stops paying at batch size {crossing}'
           if crossing else 'speculation pays at every batch size measured')

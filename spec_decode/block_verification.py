@@ -41,7 +41,7 @@ Array = jax.Array
 VERIFICATIONS = ('token', 'block')
 
 # A residual with less mass than this is treated as empty, as in the token
-# rule's `speculative.residual_distribution`.
+# rule's `verification.residual_distribution`.
 _EMPTY_MASS = 1e-7
 
 

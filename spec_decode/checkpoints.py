@@ -13,6 +13,7 @@ temporary folder and renames it into place, so an interrupted save never
 leaves a checkpoint that loads half-written.
 """
 
+import functools
 import math
 import os
 import shutil
@@ -26,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
 
+from spec_decode import partitioning
 from spec_decode.model import check_params
 from spec_decode.model import T5Config
 
@@ -133,8 +135,12 @@ def _is_tensorstore_spec(leaf: Any) -> bool:
   return isinstance(leaf, dict) and 'driver' in leaf and 'kvstore' in leaf
 
 
-def _read_zarr(spec: Dict[str, Any], directory: str, key: str) -> np.ndarray:
-  """Reads one zarr leaf whose kvstore path is relative to `directory`."""
+def _open_zarr(spec: Dict[str, Any], directory: str, key: str) -> Any:
+  """Opens one zarr leaf whose kvstore path is relative to `directory`.
+
+  Returns:
+    The tensorstore array, not yet read (a mesh reads it shard by shard).
+  """
   relative = spec['kvstore'].get('path', '')
   location = _join(directory, relative)
   spec = dict(spec)
@@ -153,7 +159,7 @@ def _read_zarr(spec: Dict[str, Any], directory: str, key: str) -> np.ndarray:
       raise CheckpointError(
           f'{location}: parameter {key!r} has {len(present)} of its '
           f'{expected} zarr chunks; the checkpoint is incomplete.')
-    return np.asarray(array.read().result())
+    return array
   except CheckpointError:
     raise
   except Exception as e:  # tensorstore raises ValueError subclasses.
@@ -177,8 +183,49 @@ def _unwrap_target(state: Any, source: str) -> Params:
       f'"target" or a parameter tree, got keys {sorted(state)}.')
 
 
+def _read_slice(source: Any, index: Tuple[slice, ...], dtype: Any,
+                what: str) -> np.ndarray:
+  """Reads `source[index]` (a numpy array or an open zarr array).
+
+  Args:
+    source: The parameter's numpy array or tensorstore array.
+    index: One slice per dimension (the whole array, or a device's shard).
+    dtype: Cast to this on read, or None.
+    what: The file and parameter, for error messages.
+  """
+  if isinstance(source, np.ndarray):
+    value = source[index]
+  else:
+    try:
+      value = np.asarray(source[index].read().result())
+    except Exception as e:  # tensorstore raises ValueError subclasses.
+      raise CheckpointError(f'{what}: cannot read it as zarr: {e}') from e
+  return value if dtype is None else np.asarray(jnp.asarray(value, dtype))
+
+
+def _read_params(sources: Dict[Tuple[str, ...], Any], file: str,
+                 config: Optional[T5Config], dtype: Any, mesh: Any,
+                 rules: Any) -> Params:
+  """Reads every parameter whole, or (with a mesh) each device's shard."""
+  what = lambda key: f'{file}: parameter {"/".join(key)!r}'
+  if mesh is None:
+    return flax.traverse_util.unflatten_dict({
+        key: _read_slice(source, (slice(None),) * source.ndim, dtype,
+                         what(key)) for key, source in sources.items()})
+  plan = partitioning.Partitioning.create(mesh, rules)
+  shardings = flax.traverse_util.flatten_dict(
+      partitioning.param_shardings(config, plan))
+  return flax.traverse_util.unflatten_dict({
+      key: jax.make_array_from_callback(
+          source.shape, shardings[key],
+          functools.partial(lambda s, k, index: _read_slice(
+              s, index, dtype, what(k)), source, key))
+      for key, source in sources.items()})
+
+
 def load_t5x_checkpoint(path: str, config: Optional[T5Config] = None,
-                        dtype: Any = None) -> Params:
+                        dtype: Any = None, mesh: Any = None,
+                        rules: Any = None) -> Params:
   """Loads the parameters of a T5X checkpoint.
 
   Args:
@@ -186,9 +233,16 @@ def load_t5x_checkpoint(path: str, config: Optional[T5Config] = None,
       them (latest step), local or `gs://`.
     config: If given, the tree and every shape must fit it.
     dtype: If given, cast every parameter to it on read (e.g. 'bfloat16').
+    mesh: If given (needs `config`), a ('data', 'model') mesh: each device
+      reads only its own slice of every zarr parameter, so no device (and
+      no host) ever holds a whole replicated copy of a large model; inline
+      msgpack leaves, already in host memory, are split the same way.
+    rules: Logical axis rules for `mesh` (default T5X's standard rules).
 
   Returns:
-    A nested dict of numpy arrays with T5X's names.
+    A nested dict of numpy arrays with T5X's names; with a mesh, of
+    `jax.Array`s sharded as `Model.shard` shards them (wrap them with
+    `Model(config, params).shard(mesh, rules)`, which keeps the placement).
 
   Raises:
     FileNotFoundError: Nothing at `path`.
@@ -214,23 +268,23 @@ def load_t5x_checkpoint(path: str, config: Optional[T5Config] = None,
   flat = flax.traverse_util.flatten_dict(target, keep_empty_nodes=False,
                                          is_leaf=lambda _, x: (
                                              _is_tensorstore_spec(x)))
-  params = {}
+  if mesh is not None and config is None:
+    raise ValueError('load_t5x_checkpoint: mesh needs config (the logical '
+                     'axes of each parameter come from it).')
+  sources = {}
   for key_path, leaf in flat.items():
     key = '/'.join(key_path)
     if _is_tensorstore_spec(leaf):
-      value = _read_zarr(leaf, directory, key)
+      sources[key_path] = _open_zarr(leaf, directory, key)
     elif isinstance(leaf, (np.ndarray, jax.Array, np.generic)):
-      value = np.asarray(leaf)
+      sources[key_path] = np.asarray(leaf)
     else:
       raise CheckpointError(f'{file}: parameter {key!r} is neither an array '
                             f'nor a tensorstore spec: {leaf!r}.')
-    if dtype is not None:
-      value = np.asarray(jnp.asarray(value, dtype))
-    params[key_path] = value
-  params = flax.traverse_util.unflatten_dict(params)
   if config is not None:
-    check_params(config, params, source=file)
-  return params
+    check_params(config, flax.traverse_util.unflatten_dict(sources),
+                 source=file)
+  return _read_params(sources, file, config, dtype, mesh, rules)
 
 
 def _zarr_spec(relative: str, array: np.ndarray) -> Dict[str, Any]:

@@ -23,7 +23,8 @@ def decoder_jit(fun: Callable, static_argnums: Sequence[int] = ()
   """`jax.jit` with `CPU_COMPILER_OPTIONS` when the backend is the CPU.
 
   The backend is looked up on the first call, not at import. The returned
-  function exposes `_cache_size()` like a jitted function.
+  function exposes `_cache_size()` and `lower(...)` like a jitted function
+  (the memory plan and the sharding tests compile it ahead of time).
   """
   compiled = {}
 
@@ -40,4 +41,5 @@ def decoder_jit(fun: Callable, static_argnums: Sequence[int] = ()
     return jitted()(*args, **kwargs)
 
   wrapper._cache_size = lambda: jitted()._cache_size()  # pylint: disable=protected-access
+  wrapper.lower = lambda *args, **kwargs: jitted().lower(*args, **kwargs)
   return wrapper

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import compile as compile_lib
+from spec_decode import partitioning as partitioning_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode.model import init_cache
 from spec_decode.model.model import decode_chunk
@@ -87,9 +88,18 @@ class _BaselineState:
   cache: Any
 
 
-@functools.partial(compile_lib.decoder_jit, static_argnums=(0, 4, 5))
+def _constrain_state(state: _BaselineState) -> _BaselineState:
+  """Keeps each row's state beside its cache rows on a mesh."""
+  cache = state.cache
+  return partitioning_lib.constrain_rows(state.replace(cache=None)).replace(
+      cache=cache)
+
+
+@functools.partial(compile_lib.decoder_jit, static_argnums=(0, 4, 5, 7))
 def baseline_generate(config, params, encoder_input_tokens, rng,
-                      max_decode_len, sampling, eos_id) -> DecodeResult:
+                      max_decode_len, sampling, eos_id,
+                      partitioning: Optional[partitioning_lib.Partitioning]
+                      = None) -> DecodeResult:
   """Jitted baseline decoding; call `spec_decode.generate` instead.
 
   Args:
@@ -100,10 +110,18 @@ def baseline_generate(config, params, encoder_input_tokens, rng,
     max_decode_len: Output length (static).
     sampling: A `SamplingConfig` (static).
     eos_id: End-of-sequence id (traced: changing it does not recompile).
+    partitioning: The mesh and rules of sharded params (static), or None.
 
   Returns:
     A `DecodeResult`.
   """
+  with partitioning_lib.active(partitioning):
+    return _baseline_loop(config, params, encoder_input_tokens, rng,
+                          max_decode_len, sampling, eos_id)
+
+
+def _baseline_loop(config, params, encoder_input_tokens, rng, max_decode_len,
+                   sampling, eos_id) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
   encoded = prepare_decoding(config, params, encoder_input_tokens)
   keys = sampling_lib.row_keys(rng, batch)
@@ -123,23 +141,23 @@ def baseline_generate(config, params, encoder_input_tokens, rng,
     token = jnp.where(state.done, 0, token)
     score = jnp.where(state.done, 0.0,
                       sampling_lib.token_logprobs(logits, token))
-    return _BaselineState(
+    return _constrain_state(_BaselineState(
         step=state.step + 1,
         tokens=state.tokens.at[:, state.step].set(token),
         logprobs=state.logprobs.at[:, state.step].set(score),
         last_token=token,
         lengths=state.lengths + (~state.done).astype(jnp.int32),
         done=state.done | (token == eos_id),
-        cache=cache)
+        cache=cache))
 
-  state = _BaselineState(
+  state = _constrain_state(_BaselineState(
       step=jnp.zeros((), jnp.int32),
       tokens=jnp.zeros((batch, max_decode_len), jnp.int32),
       logprobs=jnp.zeros((batch, max_decode_len), jnp.float32),
       last_token=jnp.zeros((batch,), jnp.int32),
       lengths=jnp.zeros((batch,), jnp.int32),
       done=jnp.zeros((batch,), jnp.bool_),
-      cache=init_cache(config, batch, max_decode_len))
+      cache=init_cache(config, batch, max_decode_len)))
   state = jax.lax.while_loop(cond, body, state)
   zeros = jnp.zeros((batch,), jnp.int32)
   nan = jnp.full((batch,), jnp.nan, jnp.float32)

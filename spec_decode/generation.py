@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Deque, Dict, Optional, Tuple, Union
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,6 +17,7 @@ from spec_decode import block_verification
 from spec_decode import costs
 from spec_decode import decoding
 from spec_decode import draft_stop as draft_stop_lib
+from spec_decode import partitioning as partitioning_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode import speculative
 from spec_decode import validation
@@ -100,23 +102,68 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   verification, _ = block_verification.check_verification(
       verification, 1.0 if draft is None else lenience)
   draft_stop_lib.check_draft_stop(draft_stop, draft_threshold)
+  if draft is not None:
+    speculative.check_compatible(model, draft)
+    if isinstance(gamma, str) and gamma != 'auto':
+      raise ValueError(f"gamma must be a positive integer or 'auto', got "
+                       f'{gamma!r}.')
+    if gamma != 'auto':
+      gamma = validation.check_int('gamma', gamma, 1)
+  model, draft, placed_tokens = _place_on_mesh(model, draft, tokens)
   if draft is None:
-    return decoding.baseline_generate(config, model.params, tokens, rng,
-                                      max_decode_len, sampling, eos_id)
-  speculative.check_compatible(model, draft)
-  if isinstance(gamma, str) and gamma != 'auto':
-    raise ValueError(f"gamma must be a positive integer or 'auto', got "
-                     f'{gamma!r}.')
-  if gamma == 'auto':
-    return _auto_generate(model, draft, tokens, rng, max_decode_len,
-                          sampling, eos_id, lenience, verification,
-                          draft_stop, draft_threshold)
-  gamma = validation.check_int('gamma', gamma, 1)
-  return speculative.speculative_generate(
-      model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
-      sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,
-      verification=verification, draft_stop=draft_stop,
-      draft_threshold=draft_threshold)
+    result = decoding.baseline_generate(config, model.params, placed_tokens,
+                                        rng, max_decode_len, sampling, eos_id,
+                                        model.partitioning)
+  elif gamma == 'auto':
+    result = _auto_generate(model, draft, placed_tokens, rng, max_decode_len,
+                            sampling, eos_id, lenience, verification,
+                            draft_stop, draft_threshold)
+  else:
+    result = speculative.speculative_generate(
+        model, draft, placed_tokens, rng=rng, max_decode_len=max_decode_len,
+        sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,
+        verification=verification, draft_stop=draft_stop,
+        draft_threshold=draft_threshold)
+  return _real_rows(result, tokens.shape[0])
+
+
+def _place_on_mesh(model: Model, draft: Optional[Model], tokens: np.ndarray
+                   ) -> Tuple[Model, Optional[Model], Any]:
+  """Puts the inputs (and an unsharded draft) on the target's mesh.
+
+  Rows are padded to a multiple of the mesh's 'data' size by repeating the
+  last row; `_real_rows` drops the copies (rows never affect each other).
+  Without a mesh everything is returned as it is.
+  """
+  plan = model.partitioning
+  if plan is None:
+    if draft is not None and draft.partitioning is not None:
+      raise ValueError('draft is sharded over a mesh but model is not; call '
+                       'model.shard(mesh) too (the target sets the mesh).')
+    return model, draft, tokens
+  if draft is not None:
+    if draft.partitioning is None:
+      # Replicated over 'model': a small draft split many ways spends more
+      # in collectives than its matmuls take.
+      draft = draft.placed_like(plan)
+    elif draft.partitioning.mesh != plan.mesh:
+      raise ValueError('draft is sharded over a different mesh than model; '
+                       'shard both over the same mesh.')
+  padded = partitioning_lib.pad_rows(tokens, plan.data_size)
+  return model, draft, partitioning_lib.shard_batch(padded, plan)
+
+
+def _real_rows(result: DecodeResult, batch: int) -> DecodeResult:
+  """The first `batch` rows of every per-row array of `result`.
+
+  On a multi-host slice the rows are first gathered from every process, so
+  each host gets the whole result as host arrays.
+  """
+  if jax.process_count() > 1:
+    result = multihost_utils.process_allgather(result, tiled=True)
+  if result.tokens.shape[0] == batch:
+    return result
+  return jax.tree_util.tree_map(lambda x: x[:batch] if x.ndim else x, result)
 
 
 def _check_rng(rng: Any) -> Array:
@@ -219,7 +266,8 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                                         sampling)
   if gamma == 0:
     result = decoding.baseline_generate(model.config, model.params, tokens,
-                                        rng, max_decode_len, sampling, eos_id)
+                                        rng, max_decode_len, sampling, eos_id,
+                                        model.partitioning)
   else:
     result = speculative.speculative_generate(
         model, draft, tokens, rng=rng, max_decode_len=max_decode_len,

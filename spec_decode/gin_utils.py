@@ -5,6 +5,7 @@ Scripts call `define_gin_flags()` at import, run with `run(main)` (which turns
 `parse_gin_flags()` and `build(SomeConfig)`. Library code never reads gin.
 """
 
+import glob
 import os
 import sys
 from typing import Any, Callable, List, Optional, Sequence
@@ -69,6 +70,11 @@ def define_gin_flags() -> None:
   flags.DEFINE_bool('gin_dry_run', False,
                     'Print the parsed configuration and what it would load, '
                     'then stop.', **main)
+  flags.DEFINE_bool('multiprocess', False,
+                    'Multi-host TPU VM slice: call '
+                    'jax.distributed.initialize() first; every host runs '
+                    'the same command, only process 0 prints and writes.',
+                    **main)
 
 
 def rewrite_gin_args(args: Sequence[str]) -> List[str]:
@@ -141,6 +147,61 @@ def parse_gin_flags(modules: Sequence[str] = (),
 
 def run(main: Callable[[List[str]], Any],
         argv: Optional[Sequence[str]] = None) -> None:
-  """`absl.app.run` that understands `--gin.NAME=VALUE`."""
+  """`absl.app.run` that understands `--gin.NAME=VALUE` and
+  `--multiprocess`."""
   argv = rewrite_gin_args(sys.argv if argv is None else argv)
-  app.run(main, argv=argv)
+
+  def setup_then_main(args: List[str]) -> Any:
+    if getattr(flags.FLAGS, 'multiprocess', False):
+      start_multiprocess()
+    return main(args)
+
+  app.run(setup_then_main, argv=argv)
+
+
+def start_multiprocess() -> None:
+  """Joins the slice's processes; silences every process but the first.
+
+  Every host runs the same command on the same inputs; `generate` places
+  each host's rows on its own devices and gathers the results, so
+  process 0 alone prints and (`report.is_writer`) writes files.
+  """
+  from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
+  if partitioning.initialize_multiprocess() != 0:
+    sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with
+
+
+# Files in a folder of row configs that are not rows themselves.
+NOT_ROWS = ('common.gin', 'table3.gin', 'sweep.gin', 'verification.gin')
+
+
+def row_files(entries: Sequence[str]) -> List[str]:
+  """Row gin files: the files given, and every row file in folders given.
+
+  Args:
+    entries: gin files or folders of them (e.g. configs/paper).
+
+  Returns:
+    Paths in order (each folder's rows sorted), without shared includes.
+
+  Raises:
+    ValueError: Nothing named a row file.
+  """
+  files = []
+  for entry in entries:
+    if os.path.isdir(entry):
+      files.extend(sorted(
+          f for f in glob.glob(os.path.join(entry, '*.gin'))
+          if os.path.basename(f) not in NOT_ROWS))
+    else:
+      files.append(entry)
+  if not files:
+    raise ValueError('--rows names no row gin files.')
+  return files
+
+
+def load_row(path: str, cls: Any, modules: Sequence[str]) -> Any:
+  """Builds `cls` from one row file plus the command line's gin flags."""
+  gin.clear_config()
+  parse_gin_flags(modules=modules, extra_files=[path])
+  return build(cls)

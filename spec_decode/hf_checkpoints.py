@@ -247,6 +247,13 @@ def load_hf_checkpoint(path: str, dtype: Optional[str] = None) -> Model:
   dtype = 'float32' if dtype is None else dtype
   if dtype not in ('float32', 'bfloat16'):
     raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}.")
+  config, tied, scaled, eos_id = config_from_hf(_read_config_json(path),
+                                                dtype)
+  return _load_params(path, config, tied, scaled, eos_id, dtype)
+
+
+def _read_config_json(path: str) -> Dict[str, Any]:
+  """config.json of a checkpoint folder as a dict, or a clear error."""
   if not os.path.isdir(path):
     raise CheckpointError(f'{path}: no such folder; expected a Hugging Face '
                           'checkpoint folder.')
@@ -261,7 +268,18 @@ def load_hf_checkpoint(path: str, dtype: Optional[str] = None) -> Model:
     raise CheckpointError(f'{config_file}: not valid JSON: {e}') from e
   if not isinstance(hf, dict):
     raise CheckpointError(f'{config_file}: expected a JSON object.')
-  config, tied, scaled, eos_id = config_from_hf(hf, dtype)
+  return hf
+
+
+def hf_model_config(path: str, dtype: str = 'float32') -> T5Config:
+  """The `T5Config` of a Hugging Face checkpoint folder, reading no weights.
+  """
+  return config_from_hf(_read_config_json(os.path.abspath(path)), dtype)[0]
+
+
+def _load_params(path: str, config: T5Config, tied: bool, scaled: bool,
+                 eos_id: int, dtype: str) -> Model:
+  """Reads the safetensors of `path` into T5X's tree for `config`."""
   expected = flax.traverse_util.flatten_dict(param_shapes(config))
   files = _tensor_files(path)
   with contextlib.ExitStack() as stack:

@@ -14,6 +14,7 @@ accepted draft tokens.
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from typing import Dict, Iterable, List, Optional, Union
@@ -26,6 +27,7 @@ from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import gin_utils
 from spec_decode import pretrained
+from spec_decode import report
 from spec_decode import specs
 
 
@@ -48,9 +50,11 @@ class InferConfig:
     max_decode_len: Output length limit.
     seed: Sampling seed.
     vocabulary: SentencePiece model file of the target's vocabulary; None is
-      the shipped one (`spec_decode.pretrained.vocabulary()`). A T5X
+      the `spiece.model` of a Hugging Face target folder when it has one,
+      else the shipped one (`spec_decode.pretrained.vocabulary()`). A T5X
       checkpoint of T5 needs T5's own (`sentencepiece.model` of
       `cc_all.32000`), copied locally.
+    mesh: How the models are laid out over devices (`specs.MeshSpec`).
   """
   target: specs.ModelSpec = specs.ModelSpec(
       label='local target', pretrained='t5_local_target')
@@ -65,6 +69,7 @@ class InferConfig:
   max_decode_len: int = 64
   seed: int = 0
   vocabulary: Optional[str] = None
+  mesh: specs.MeshSpec = specs.MeshSpec()
 
 
 def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
@@ -82,13 +87,17 @@ def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
     raise ValueError('sources: expected at least one input, got none.')
   if config.batch_size < 1:
     raise ValueError(f'batch_size must be >= 1, got {config.batch_size}.')
-  if config.vocabulary is None:
+  vocabulary_file = config.vocabulary
+  hf_folder = config.target.hf_checkpoint
+  if (vocabulary_file is None and hf_folder
+      and os.path.isfile(os.path.join(hf_folder, 'spiece.model'))):
+    vocabulary_file = os.path.join(hf_folder, 'spiece.model')
+  if vocabulary_file is None:
     vocabulary = pretrained.vocabulary()
   else:
     from spec_decode.data.tokenizer import Vocabulary  # pylint: disable=g-import-not-at-top
-    vocabulary = Vocabulary(config.vocabulary)
-  target = config.target.load()
-  draft = config.draft.load() if config.draft is not None else None
+    vocabulary = Vocabulary(vocabulary_file)
+  target, draft = config.mesh.load(config.target, config.draft)
   # Models pad their embedding tables (T5's 32,100 pieces live in 32,128
   # rows), so the vocabulary may be smaller than the model, never larger.
   if vocabulary.vocab_size > target.config.vocab_size:
@@ -139,7 +148,7 @@ def main(argv: List[str]) -> None:
   start = time.time()
   results = infer(config, sources)
   lines = ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in results)
-  if flags.FLAGS.output_file:
+  if flags.FLAGS.output_file and report.is_writer():
     with open(flags.FLAGS.output_file, 'w', encoding='utf-8') as f:
       f.write(lines)
   else:

@@ -34,7 +34,9 @@ from spec_decode import costs as costs_lib
 from spec_decode import evaluation
 from spec_decode import gin_utils
 from spec_decode import pretrained
+from spec_decode import report as report_lib
 from spec_decode import reproduce
+from spec_decode import specs
 from spec_decode.data import tasks
 
 
@@ -61,6 +63,8 @@ class MainConfig:
     seed: Sampling seed.
     timing_repeats: Timed decodes per example and decoder, interleaved; the
       median counts (shared machines are noisy).
+    num_partitions: Model-parallel size of the target over the devices
+      (`specs.MeshSpec`); 1 on one device shards nothing.
   """
   target: str = 't5_local_target'
   draft: str = 't5_local_draft_tiny'
@@ -75,6 +79,7 @@ class MainConfig:
   show_examples: int = 3
   seed: int = 0
   timing_repeats: int = 3
+  num_partitions: Union[int, str] = 1
 
 
 def _log(message: str) -> None:
@@ -164,8 +169,9 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
                      f'{config.gamma!r}.')
   start = time.time()
   _log(f'loading {config.target} and {config.draft}')
-  target = pretrained.load(config.target)
-  draft = pretrained.load(config.draft)
+  target, draft = specs.MeshSpec(config.num_partitions).load(
+      specs.ModelSpec(config.target, pretrained=config.target),
+      specs.ModelSpec(config.draft, pretrained=config.draft))
   vocabulary = pretrained.vocabulary()
   _log(f'target: {target}')
   _log(f'draft:  {draft}')
@@ -211,11 +217,12 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
             'costs': profile.to_json(), 'machine': machine,
             'device': jax.devices()[0].device_kind,
             'seconds': time.time() - start, 'rows': rows}
-  os.makedirs(output_dir, exist_ok=True)
-  path = os.path.join(output_dir, 'main.json')
-  with open(path, 'w') as f:
-    json.dump(report, f, indent=1)
-  _log(f'wrote {path} ({time.time() - start:.0f} s in all)')
+  if report_lib.is_writer():
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, 'main.json')
+    with open(path, 'w') as f:
+      json.dump(report, f, indent=1)
+    _log(f'wrote {path} ({time.time() - start:.0f} s in all)')
   return report
 
 

@@ -37,6 +37,12 @@ def markdown_table(rows: Sequence[Dict[str, Any]], columns: Sequence[str],
   return '\n'.join(lines)
 
 
+def is_writer() -> bool:
+  """Whether this process writes output files (process 0 of a slice)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.process_index() == 0
+
+
 def write_rows(rows: Sequence[Dict[str, Any]], output_dir: str, name: str,
                columns: Sequence[str]) -> Dict[str, str]:
   """Writes rows as JSON, CSV and Markdown.
@@ -48,8 +54,11 @@ def write_rows(rows: Sequence[Dict[str, Any]], output_dir: str, name: str,
     columns: The CSV and Markdown columns (JSON keeps every key).
 
   Returns:
-    'json', 'csv' and 'md' -> the path written.
+    'json', 'csv' and 'md' -> the path written (by process 0 only on a
+    multi-host slice).
   """
+  if not is_writer():
+    return {}
   os.makedirs(output_dir, exist_ok=True)
   paths = {kind: os.path.join(output_dir, f'{name}.{kind}')
            for kind in ('json', 'csv', 'md')}
@@ -63,6 +72,19 @@ def write_rows(rows: Sequence[Dict[str, Any]], output_dir: str, name: str,
   with open(paths['md'], 'w') as f:
     f.write(markdown_table(rows, columns) + '\n')
   return paths
+
+
+class Progress:
+  """Prints a `progress_line` each time one of `total` items ends."""
+
+  def __init__(self, label: str, total: int):
+    self.label, self.total = label, total
+    self.done, self.started = 0, time.time()
+
+  def step(self, *unused) -> None:
+    self.done += 1
+    print(progress_line(self.label, self.done, self.total, self.started),
+          flush=True)
 
 
 def progress_line(label: str, done: int, total: int, started: float) -> str:

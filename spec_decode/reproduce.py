@@ -40,6 +40,11 @@ class ComparisonRow:
     lenience: 1.0 is exact (appendix A.5 otherwise).
     paper_alpha: The paper's alpha for this row, if any (for the table).
     paper_speedup: The paper's speedup for this row, if any.
+    mesh: How the models are laid out over devices (`specs.MeshSpec`;
+      configs/partitioning/ binds it from NUM_PARTITIONS).
+    verification: 'token' (the paper's rule) or 'block'.
+    draft_stop: None, 'confidence' or 'entropy' (draft lengths that adapt).
+    draft_threshold: The stop rule's threshold.
   """
   name: str
   target: specs.ModelSpec
@@ -53,6 +58,15 @@ class ComparisonRow:
   lenience: float = 1.0
   paper_alpha: Optional[float] = None
   paper_speedup: Optional[float] = None
+  mesh: specs.MeshSpec = specs.MeshSpec()
+  verification: str = 'token'
+  draft_stop: Optional[str] = None
+  draft_threshold: Optional[float] = None
+
+  def decode_options(self) -> Dict[str, Any]:
+    """The speculative-only `generate` options of this row."""
+    return {'verification': self.verification, 'draft_stop': self.draft_stop,
+            'draft_threshold': self.draft_threshold}
 
   def describe(self) -> str:
     return '\n'.join([
@@ -63,13 +77,22 @@ class ComparisonRow:
         f'  data:   {self.data.describe()}'])
 
 
-_MODELS: Dict[specs.ModelSpec, Model] = {}
+_MODELS: Dict[Any, Model] = {}
 
 
-def load_cached(spec: specs.ModelSpec) -> Model:
-  if spec not in _MODELS:
-    _MODELS[spec] = spec.load()
-  return _MODELS[spec]
+def load_cached(spec: specs.ModelSpec,
+                mesh: specs.MeshSpec = specs.MeshSpec(),
+                role: str = 'target') -> Model:
+  """Loads a model once per (spec, mesh, role); a draft stays unsharded
+  unless `mesh.shard_draft` (generate replicates it over the mesh)."""
+  key = (spec, mesh, role)
+  if key not in _MODELS:
+    if role == 'target':
+      _MODELS[key] = mesh.load(spec, None)[0]
+    else:
+      _MODELS[key] = (mesh.load(spec, None)[0] if mesh.shard_draft
+                      else spec.load())
+  return _MODELS[key]
 
 
 def timing_batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
@@ -95,7 +118,8 @@ def compare_decoders(target: Model, draft: Model,
                      gamma: Union[int, str], max_decode_len: int,
                      lenience: float = 1.0,
                      seed: int = 0, repeats: int = 3,
-                     on_batch: Optional[Callable[..., None]] = None
+                     on_batch: Optional[Callable[..., None]] = None,
+                     decode_options: Optional[Dict[str, Any]] = None
                      ) -> Dict[str, Any]:
   """Baseline vs speculative decoding, interleaved per batch after warm-up.
 
@@ -118,6 +142,8 @@ def compare_decoders(target: Model, draft: Model,
     seed: Sampling seed (batch i uses fold_in(seed, i)).
     repeats: Timed calls per batch and decoder (their median counts).
     on_batch: Called as on_batch(index, baseline_result, speculative_result).
+    decode_options: More `generate` arguments for the speculative decoder
+      (verification, draft_stop, draft_threshold).
 
   Returns:
     alpha (empirical and Corollary 3.6), tokens per target call, per-token
@@ -148,9 +174,11 @@ def compare_decoders(target: Model, draft: Model,
       return out['baseline'].tokens
 
     def speculative(batch=batch, key=key, out=out, batch_gamma=batch_gamma):
+      options = (dict(lenience=lenience, **(decode_options or {}))
+                 if batch_gamma else {})
       out['speculative'] = generation.generate(
           target, batch, rng=key, draft=draft if batch_gamma else None,
-          gamma=batch_gamma or 1, lenience=lenience, **common)
+          gamma=batch_gamma or 1, **options, **common)
       return out['speculative'].tokens
 
     # A batch of a shape not seen yet first compiles both decoders, untimed.
@@ -220,7 +248,8 @@ def add_predictions(figures: Dict[str, Any], gamma: int,
 def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
                 seed: int = 0, repeats: int = 3) -> Dict[str, Any]:
   """Measures one row: `compare_decoders` plus the analysis' prediction."""
-  target, draft = load_cached(row.target), load_cached(row.draft)
+  target = load_cached(row.target, row.mesh)
+  draft = load_cached(row.draft, row.mesh, role='draft')
   enc, _ = row.data.load(row.num_examples)
   batches = timing_batches(enc, row.batch_size)
   if costs is None:
@@ -228,10 +257,10 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
   figures = compare_decoders(
       target, draft, batches, temperature=row.temperature, gamma=row.gamma,
       max_decode_len=row.max_decode_len, lenience=row.lenience, seed=seed,
-      repeats=repeats)
+      repeats=repeats, decode_options=row.decode_options())
   return {'row': row.name, 'temperature': row.temperature,
           'gamma': row.gamma, 'batch_size': row.batch_size,
-          'lenience': row.lenience,
+          'lenience': row.lenience, **row.decode_options(),
           **add_predictions(figures, row.gamma, costs),
           'paper_alpha': row.paper_alpha, 'paper_speedup': row.paper_speedup}
 
@@ -287,64 +316,3 @@ def acceptance_table(table: AcceptanceTable) -> List[Dict[str, Any]]:
         rows.append({'task': data.task, 'draft': draft.label,
                      'temperature': temperature, **figures})
   return rows
-
-
-@dataclasses.dataclass(frozen=True)
-class Sweep:
-  """Speedup of one row as gamma, the batch size or the lenience varies.
-
-  Attributes:
-    row: The row to vary.
-    gammas: Draft lengths to try (gamma sweep).
-    batch_sizes: Batch sizes to try (batch sweep).
-    leniences: Lenience values to try (lenience trade-off, paper Table 5).
-    lenience_temperature: Temperature of the lenience sweep. Lenience
-      changes nothing under greedy decoding (p and q are one-hot, so a
-      mismatched draft token has p = 0 however lenient the rule), so it is
-      swept while sampling.
-  """
-  row: ComparisonRow
-  gammas: Tuple[int, ...] = (1, 2, 3, 4, 5, 7, 10)
-  batch_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-  leniences: Tuple[float, ...] = (1.0, 0.5, 0.3, 0.1)
-  lenience_temperature: float = 1.0
-
-  def describe(self) -> str:
-    return self.row.describe()
-
-
-def gamma_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
-  """Measured speedup per gamma, next to the predicted curve.
-
-  Each row measures its own c and verification cost (`measure_row`), since
-  the cost of scoring gamma + 1 tokens grows with gamma.
-  """
-  return [measure_row(dataclasses.replace(sweep.row, gamma=gamma))
-          for gamma in sweep.gammas]
-
-
-def batch_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
-  """Measured speedup per batch size: where speculation stops paying.
-
-  Each row measures c and the verification cost on its own first batch
-  (`measure_row`), since both change as the batch grows.
-  """
-  return [measure_row(dataclasses.replace(
-      sweep.row, batch_size=batch_size,
-      num_examples=max(sweep.row.num_examples, batch_size)))
-          for batch_size in sweep.batch_sizes]
-
-
-def lenience_sweep(sweep: Sweep) -> List[Dict[str, Any]]:
-  """Alpha and speedup per lenience (lossy below 1)."""
-  return [measure_row(dataclasses.replace(
-      sweep.row, lenience=lenience, temperature=sweep.lenience_temperature))
-          for lenience in sweep.leniences]
-
-
-def crossing_batch_size(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
-  """The smallest batch size at which speculation no longer pays."""
-  for row in sorted(rows, key=lambda r: r['batch_size']):
-    if row['measured_speedup'] < 1.0:
-      return int(row['batch_size'])
-  return None

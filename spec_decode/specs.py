@@ -7,21 +7,28 @@ comparisons (`reproduce`) and the gin files in `configs/models/`,
 """
 
 import dataclasses
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode import evaluation
+from spec_decode import hf_checkpoints
+from spec_decode import partitioning
 from spec_decode import pretrained
 from spec_decode.data import tasks
 from spec_decode.model import Model
+from spec_decode.model import param_shapes
+from spec_decode.model import parameter_count
 from spec_decode.model import T5Config
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-  """Where a model comes from: a shipped name, or a config and checkpoint.
+  """Where a model comes from: a shipped name, a T5X config and checkpoint,
+  or a Hugging Face checkpoint folder.
 
   Attributes:
     label: Name shown in tables (e.g. 'T5-small').
@@ -29,7 +36,11 @@ class ModelSpec:
     config: Architecture, when loading from `checkpoint`.
     checkpoint: T5X checkpoint path (local or gs://), when not `pretrained`.
     dtype: Activation dtype; parameters are cast to it on read.
-    eos_id: The vocabulary's EOS id.
+    eos_id: The vocabulary's EOS id (a Hugging Face folder's config.json
+      sets its own).
+    hf_checkpoint: A Hugging Face T5 folder (config.json, safetensors);
+      config and EOS id come from its config.json, and its spiece.model,
+      when present, is the vocabulary `infer` uses.
   """
   label: str
   pretrained: Optional[str] = None
@@ -37,23 +48,94 @@ class ModelSpec:
   checkpoint: Optional[str] = None
   dtype: str = 'float32'
   eos_id: int = 1
+  hf_checkpoint: Optional[str] = None
 
   def describe(self) -> str:
     if self.pretrained:
       return f'{self.label}: shipped model {self.pretrained!r} ({self.dtype})'
+    if self.hf_checkpoint:
+      return (f'{self.label}: Hugging Face checkpoint '
+              f'{self.hf_checkpoint!r} ({self.dtype})')
     return (f'{self.label}: T5X checkpoint {self.checkpoint!r}, config '
             f'{self.config}')
 
-  def load(self) -> Model:
+  def model_config(self) -> T5Config:
+    """The architecture, without reading any weights."""
     if self.pretrained:
-      return pretrained.load(self.pretrained, dtype=self.dtype)
+      return T5Config(**{**pretrained.info(self.pretrained)['config'],
+                         'dtype': self.dtype})
+    if self.hf_checkpoint:
+      return hf_checkpoints.hf_model_config(self.hf_checkpoint, self.dtype)
     if self.config is None or self.checkpoint is None:
       raise ValueError(f'{self.label}: give pretrained=..., or both config '
                        'and checkpoint.')
-    config = self.config.replace(dtype=self.dtype)
-    params = checkpoints.load_t5x_checkpoint(self.checkpoint, config,
-                                             dtype=self.dtype)
-    return Model(config, params, eos_id=self.eos_id)
+    return self.config.replace(dtype=self.dtype)
+
+  def load(self, plan: Optional[partitioning.Partitioning] = None) -> Model:
+    """Loads the model; with `plan`, each device reads only its shards."""
+    config = self.model_config()
+    if self.pretrained or self.hf_checkpoint:
+      model = (pretrained.load(self.pretrained, dtype=self.dtype)
+               if self.pretrained else hf_checkpoints.load_hf_checkpoint(
+                   self.hf_checkpoint, dtype=self.dtype))
+      return model if plan is None else model.shard(plan.mesh, plan.rules)
+    if plan is None:
+      params = checkpoints.load_t5x_checkpoint(self.checkpoint, config,
+                                               dtype=self.dtype)
+      return Model(config, params, eos_id=self.eos_id)
+    params = checkpoints.load_t5x_checkpoint(
+        self.checkpoint, config, dtype=self.dtype, mesh=plan.mesh,
+        rules=plan.rules)
+    # Already placed; shard() records the plan and moves nothing.
+    return Model(config, params, eos_id=self.eos_id).shard(plan.mesh,
+                                                           plan.rules)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+  """How models are laid out over devices (T5X's partitioner settings).
+
+  Attributes:
+    num_partitions: Model-parallel size (T5X's `num_partitions`); 'auto'
+      picks the smallest that leaves the target's parameters a fair share
+      of a device's memory (`partitioning.choose_num_partitions`). With 1
+      on a single device nothing is sharded.
+    logical_axis_rules: (logical axis, mesh axis) pairs replacing T5X's
+      standard rules; None keeps them.
+    shard_draft: Split the draft over 'model' too (default: replicated,
+      since a small draft split many ways costs more in collectives than it
+      saves).
+  """
+  num_partitions: Union[int, str] = 1
+  logical_axis_rules: Optional[Tuple[Tuple[str, Optional[str]], ...]] = None
+  shard_draft: bool = False
+
+  def build(self, target: T5Config, dtype: str
+            ) -> Optional[partitioning.Partitioning]:
+    """The mesh and rules for `target`, or None for one unsharded device."""
+    count = self.num_partitions
+    if count == 'auto':
+      count = partitioning.choose_num_partitions(
+          parameter_count(param_shapes(target)) * np.dtype(
+              jnp.dtype(dtype)).itemsize, target.num_heads)
+    if (count == 1 and jax.device_count() == 1
+        and self.logical_axis_rules is None):
+      return None
+    return partitioning.Partitioning.create(
+        partitioning.make_mesh(count), self.logical_axis_rules)
+
+  def load(self, target: ModelSpec, draft: Optional[ModelSpec]
+           ) -> Tuple[Model, Optional[Model]]:
+    """Loads both models, the target straight into its shards.
+
+    An unsharded draft is replicated over the target's mesh by `generate`.
+    """
+    plan = self.build(target.model_config(), target.dtype)
+    target_model = target.load(plan)
+    draft_model = None
+    if draft is not None:
+      draft_model = draft.load(plan if self.shard_draft else None)
+    return target_model, draft_model
 
 
 @dataclasses.dataclass(frozen=True)

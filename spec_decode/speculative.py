@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from spec_decode import block_verification
 from spec_decode import compile as compile_lib
 from spec_decode import draft_stop as draft_stop_lib
+from spec_decode import partitioning as partitioning_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode.decoding import DecodeResult
 from spec_decode.model import init_cache
@@ -34,100 +35,11 @@ from spec_decode.model import Model
 from spec_decode.model.model import decode_chunk
 from spec_decode.model.model import prepare_decoding
 from spec_decode.sampling import SamplingConfig
+from spec_decode.verification import correction_distribution
+from spec_decode.verification import overlap_mass
+from spec_decode.verification import verify_draft
 
 Array = jax.Array
-
-
-def acceptance_probability(target_probs: Array, draft_probs: Array,
-                           lenience: float = 1.0) -> Array:
-  """min(1, p(x) / (l q(x))): the chance a draft token x is kept.
-
-  Args:
-    target_probs: p, float32 [..., vocab].
-    draft_probs: q, float32 [..., vocab].
-    lenience: l in (0, 1]; 1 is exact.
-
-  Returns:
-    float32 [..., vocab]; 1 where q(x) = 0 (such x is never proposed).
-  """
-  scaled = lenience * draft_probs
-  return jnp.where(scaled > target_probs, target_probs / scaled, 1.0)
-
-
-def residual_distribution(target_probs: Array, draft_probs: Array,
-                          lenience: float = 1.0) -> Array:
-  """norm(max(0, p - l q)): where to sample after a rejection.
-
-  When p and q agree (up to rounding) the residual has no mass; a rejection
-  then has probability ~0 and p itself is returned, so the result is always a
-  distribution. With q = 0 (no draft token to correct) this is p: the bonus
-  token after a fully accepted draft uses the same code.
-
-  Args:
-    target_probs: p, float32 [..., vocab].
-    draft_probs: q, float32 [..., vocab].
-    lenience: l in (0, 1]; 1 is exact.
-
-  Returns:
-    float32 [..., vocab] probabilities summing to 1.
-  """
-  residual = jnp.maximum(target_probs - lenience * draft_probs, 0.0)
-  mass = jnp.sum(residual, axis=-1, keepdims=True)
-  return jnp.where(mass > 1e-7, residual / jnp.maximum(mass, 1e-30),
-                   target_probs)
-
-
-def verify_draft(draft_tokens: Array, draft_probs: Array, target_probs: Array,
-                 uniforms: Array, lenience: float = 1.0) -> Array:
-  """The number of leading draft tokens the rejection rule accepts.
-
-  Args:
-    draft_tokens: int32 [batch, gamma] proposals d_1..d_g.
-    draft_probs: float32 [batch, gamma, vocab] q_1..q_g they were drawn from.
-    target_probs: float32 [batch, gamma + 1, vocab] p_1..p_{g+1}.
-    uniforms: float32 [batch, gamma] u_i ~ U[0, 1).
-    lenience: l in (0, 1]; 1 is exact.
-
-  Returns:
-    int32 [batch] accepted prefix length in [0, gamma].
-  """
-  gamma = draft_tokens.shape[1]
-  pick = lambda probs: jnp.take_along_axis(
-      probs, draft_tokens[..., None], axis=-1)[..., 0]
-  p = pick(target_probs[:, :gamma])  # [batch, gamma]
-  q = pick(draft_probs)  # [batch, gamma]
-  accepted = uniforms < acceptance_probability(p, q, lenience)
-  return jnp.sum(jnp.cumprod(accepted.astype(jnp.int32), axis=1),
-                 axis=1).astype(jnp.int32)
-
-
-def correction_distribution(draft_probs: Array, target_probs: Array,
-                            num_accepted: Array, lenience: float = 1.0
-                            ) -> Array:
-  """The distribution of the token emitted after the accepted prefix.
-
-  Args:
-    draft_probs: float32 [batch, gamma, vocab].
-    target_probs: float32 [batch, gamma + 1, vocab].
-    num_accepted: int32 [batch] from `verify_draft`.
-    lenience: l in (0, 1]; 1 is exact.
-
-  Returns:
-    float32 [batch, vocab]: the residual at the first rejected position, or
-    p_{g+1} when all gamma tokens were accepted.
-  """
-  index = num_accepted[:, None, None]
-  p = jnp.take_along_axis(target_probs, index, axis=1)[:, 0]
-  # Padding q with zeros at position g+1 makes the bonus token the residual
-  # of p against nothing, i.e. p itself.
-  padded = jnp.pad(draft_probs, ((0, 0), (0, 1), (0, 0)))
-  q = jnp.take_along_axis(padded, index, axis=1)[:, 0]
-  return residual_distribution(p, q, lenience)
-
-
-def overlap_mass(target_probs: Array, draft_probs: Array) -> Array:
-  """beta = sum_x min(p(x), q(x)), the exact acceptance probability."""
-  return jnp.sum(jnp.minimum(target_probs, draft_probs), axis=-1)
 
 
 @flax.struct.dataclass
@@ -248,13 +160,37 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
 
 
 @functools.partial(compile_lib.decoder_jit,
-                   static_argnums=(0, 1, 6, 7, 9, 10, 11, 12))
+                   static_argnums=(0, 1, 6, 7, 9, 10, 11, 12, 13, 14))
 def _speculative_generate(target_config, draft_config, target_params,
                           draft_params, encoder_input_tokens, rng,
                           max_decode_len: int, sampling: SamplingConfig,
                           eos_id: int, gamma: int, lenience: float,
-                          verification: str = 'token', draft_stop=None
+                          verification: str = 'token', draft_stop=None,
+                          target_partitioning=None, draft_partitioning=None
                           ) -> DecodeResult:
+  # The target's rules apply to everything but the draft's own calls.
+  with partitioning_lib.active(target_partitioning):
+    return _speculative_loop(
+        target_config, draft_config, target_params, draft_params,
+        encoder_input_tokens, rng, max_decode_len, sampling, eos_id, gamma,
+        lenience, verification, draft_stop,
+        functools.partial(partitioning_lib.active, draft_partitioning))
+
+
+def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
+  """Keeps each row's state beside its cache rows on a mesh."""
+  caches = dict(target_cache=state.target_cache,
+                draft_cache=state.draft_cache)
+  bare = state.replace(target_cache=None, draft_cache=None)
+  return partitioning_lib.constrain_rows(bare).replace(**caches)
+
+
+def _speculative_loop(target_config, draft_config, target_params,
+                      draft_params, encoder_input_tokens, rng,
+                      max_decode_len: int, sampling: SamplingConfig,
+                      eos_id: int, gamma: int, lenience: float,
+                      verification: str, draft_stop, as_draft
+                      ) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
   # Writes reach position max_decode_len + gamma for a row that stopped at
   # max_decode_len, so this size keeps every dynamic slice in bounds (XLA
@@ -263,8 +199,9 @@ def _speculative_generate(target_config, draft_config, target_params,
   buffer_len = max_decode_len + gamma + 1
   target_encoded = prepare_decoding(target_config, target_params,
                                     encoder_input_tokens)
-  draft_encoded = prepare_decoding(draft_config, draft_params,
-                                   encoder_input_tokens)
+  with as_draft():
+    draft_encoded = prepare_decoding(draft_config, draft_params,
+                                     encoder_input_tokens)
   keys = sampling_lib.row_keys(rng, batch)
   positions = jnp.arange(gamma + 1, dtype=jnp.int32)
 
@@ -279,10 +216,11 @@ def _speculative_generate(target_config, draft_config, target_params,
     draft_keys, accept_keys, correction_keys = (split[:, 0], split[:, 1],
                                                 split[:, 2])
 
-    draft_tokens, draft_probs, draft_cache, proposed = _draft_proposals(
-        draft_config, draft_params, draft_encoded, state.draft_cache,
-        state.inputs, n, draft_keys, jnp.any(state.draft_behind & active),
-        gamma, sampling, draft_stop, ~active)
+    with as_draft():
+      draft_tokens, draft_probs, draft_cache, proposed = _draft_proposals(
+          draft_config, draft_params, draft_encoded, state.draft_cache,
+          state.inputs, n, draft_keys, jnp.any(state.draft_behind & active),
+          gamma, sampling, draft_stop, ~active)
 
     # One target call scores the last token and all gamma proposals.
     last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
@@ -331,7 +269,7 @@ def _speculative_generate(target_config, draft_config, target_params,
                 & (positions[:gamma] < proposed[:, None]) & active[:, None])
     beta = overlap_mass(target_probs[:, :gamma], draft_probs)
     active_int = active.astype(jnp.int32)
-    return _SpeculativeState(
+    return _constrain_state(_SpeculativeState(
         iteration=state.iteration + 1,
         inputs=_write_rows(state.inputs, new_tokens, n + 1),
         logprobs=_write_rows(state.logprobs, new_logprobs, n),
@@ -345,20 +283,22 @@ def _speculative_generate(target_config, draft_config, target_params,
         beta_sum=state.beta_sum + jnp.sum(jnp.where(examined, beta, 0.0),
                                           axis=1),
         beta_count=state.beta_count + jnp.sum(examined, axis=1),
-        draft_behind=num_accepted == gamma)
+        draft_behind=num_accepted == gamma))
 
   zeros = jnp.zeros((batch,), jnp.int32)
-  state = _SpeculativeState(
+  with as_draft():
+    draft_cache = init_cache(draft_config, batch, cache_len)
+  state = _constrain_state(_SpeculativeState(
       iteration=jnp.zeros((), jnp.int32),
       inputs=jnp.zeros((batch, buffer_len + 1), jnp.int32),
       logprobs=jnp.zeros((batch, buffer_len), jnp.float32),
       lengths=zeros,
       done=jnp.zeros((batch,), jnp.bool_),
       target_cache=init_cache(target_config, batch, cache_len),
-      draft_cache=init_cache(draft_config, batch, cache_len),
+      draft_cache=draft_cache,
       target_calls=zeros, proposed=zeros, accepted=zeros,
       beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros,
-      draft_behind=jnp.zeros((batch,), jnp.bool_))
+      draft_behind=jnp.zeros((batch,), jnp.bool_)))
   state = jax.lax.while_loop(cond, body, state)
   return DecodeResult(
       tokens=state.inputs[:, 1:max_decode_len + 1],
@@ -423,4 +363,5 @@ def speculative_generate(target: Model, draft: Model,
   return _speculative_generate(target.config, draft.config, target.params,
                                draft.params, encoder_input_tokens, rng,
                                max_decode_len, sampling, eos_id, gamma,
-                               lenience, verification, stop_rule)
+                               lenience, verification, stop_rule,
+                               target.partitioning, draft.partitioning)

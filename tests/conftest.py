@@ -22,6 +22,14 @@ T5X_TINY_PERTURBED = os.path.join(FIXTURES, 't5x_tiny_perturbed')
 FALSE_ALARM_RATE = 1e-3
 
 
+# tests/sharded needs 8 host devices, fixed when JAX starts; it runs in its
+# own process (started by tests/test_partitioning.py) unless this one has
+# them.
+if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS',
+                                                                ''):
+  collect_ignore = ['sharded']
+
+
 def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: statistical or end-to-end tests; run with -m slow')

@@ -20,7 +20,7 @@ import pytest
 from spec_decode import analysis
 from spec_decode import block_verification as bv
 from spec_decode import draft_stop
-from spec_decode import speculative
+from spec_decode import verification as token_rule
 
 _keep_probabilities = jax.jit(bv.keep_probabilities)
 _block_residual = jax.jit(bv.block_residual)
@@ -89,7 +89,7 @@ def _stop_probabilities(h):
 
 def _token_stop_probabilities(blocks, draft, target):
   """P(tau = i | block) under token verification (first rejection)."""
-  accept = np.asarray(speculative.acceptance_probability(
+  accept = np.asarray(token_rule.acceptance_probability(
       jnp.asarray(target[:, :-1]), jnp.asarray(draft)), np.float64)
   accept = np.take_along_axis(accept, blocks[..., None], -1)[..., 0]
   gamma = blocks.shape[1]
@@ -158,11 +158,11 @@ def _block_exact(p, q):
 
 
 def _token_exact(p, q):
-  """The same for token verification (speculative.py's functions)."""
+  """The same for token verification (verification.py's functions)."""
   blocks, draft, target, draw = _batched(p, q)
   gamma = len(q)
   stop = _token_stop_probabilities(blocks, draft, target)
-  residuals = [np.asarray(speculative.correction_distribution(
+  residuals = [np.asarray(token_rule.correction_distribution(
       jnp.asarray(draft), jnp.asarray(target),
       jnp.full((len(blocks),), tau, jnp.int32))) for tau in range(gamma + 1)]
   output = _output_distribution(p, q, stop, residuals, draw, blocks)
@@ -304,13 +304,13 @@ def test_greedy_is_token_verification(seed, vocab, gamma):
   zeros = jnp.zeros(blocks.shape, jnp.float32)
   num_accepted, correction = bv.verify_block(
       jnp.asarray(blocks), jnp.asarray(draft), jnp.asarray(target), zeros)
-  expected = speculative.verify_draft(jnp.asarray(blocks), jnp.asarray(draft),
+  expected = token_rule.verify_draft(jnp.asarray(blocks), jnp.asarray(draft),
                                       jnp.asarray(target), zeros)
   np.testing.assert_array_equal(np.asarray(num_accepted),
                                 np.asarray(expected))
   np.testing.assert_array_equal(
       np.asarray(correction),
-      np.asarray(speculative.correction_distribution(
+      np.asarray(token_rule.correction_distribution(
           jnp.asarray(draft), jnp.asarray(target), expected)))
   agree = np.argmax(draft, -1) == np.argmax(target[:, :-1], -1)
   np.testing.assert_array_equal(np.asarray(num_accepted),
@@ -324,7 +324,7 @@ def test_gamma_one_is_token_verification():
   blocks, draft, target, _ = _batched(p, q)
   args = (jnp.asarray(blocks), jnp.asarray(draft), jnp.asarray(target))
   _, h = bv.keep_probabilities(*args)
-  accept = speculative.acceptance_probability(args[2][:, 0], args[1][:, 0])
+  accept = token_rule.acceptance_probability(args[2][:, 0], args[1][:, 0])
   np.testing.assert_allclose(
       np.asarray(h)[:, 0],
       np.take_along_axis(np.asarray(accept), blocks, axis=1)[:, 0])
@@ -397,7 +397,7 @@ def _stopped_exact(p, q, rule, verification, zero_after_stop=True):
         args[1], args[2], weights, jnp.full((len(blocks),), tau, jnp.int32)))
                  for tau in range(gamma + 1)]
   else:
-    accept = np.asarray(speculative.acceptance_probability(
+    accept = np.asarray(token_rule.acceptance_probability(
         args[2][:, :-1], args[1]), np.float64)
     accept = np.take_along_axis(accept, blocks[..., None], -1)[..., 0]
     accept = np.where(proposed, accept, 0.0)
@@ -405,7 +405,7 @@ def _stopped_exact(p, q, rule, verification, zero_after_stop=True):
                             np.cumprod(accept, axis=1)], axis=1)
     stop = reach * np.concatenate([1.0 - accept,
                                    np.ones((len(blocks), 1))], axis=1)
-    residuals = [np.asarray(speculative.correction_distribution(
+    residuals = [np.asarray(token_rule.correction_distribution(
         args[1], args[2], jnp.full((len(blocks),), tau, jnp.int32)))
                  for tau in range(gamma + 1)]
   # Nothing is ever accepted past a row's stop.
@@ -439,14 +439,13 @@ def test_stopped_blocks_are_exact_for_a_fixed_mixed_case():
   # A draw where some blocks stop after 1 token, some after 2 and some run
   # to gamma = 3, so the exactness above is not vacuous.
   p, q = _random_pair(11, 4, 3, 1.0, 0.0, 0.0)
-  for verification in ('token', 'block'):
-    output, _, count = _stopped_exact(p, q, ('confidence', 0.5),
-                                      verification)
+  for rule in ('token', 'block'):
+    output, _, count = _stopped_exact(p, q, ('confidence', 0.5), rule)
     assert set(count.tolist()) == {1, 2, 3}
     np.testing.assert_allclose(output, _target_joint(p)[0], atol=1e-6)
     # Negative control: keeping the unproposed q_{k+1} makes the token
     # after a fully accepted short block a residual instead of p: biased.
-    wrong, _, _ = _stopped_exact(p, q, ('confidence', 0.5), verification,
+    wrong, _, _ = _stopped_exact(p, q, ('confidence', 0.5), rule,
                                  zero_after_stop=False)
     assert np.abs(wrong - _target_joint(p)[0]).max() > 1e-3
 

@@ -96,3 +96,40 @@ def test_cli_decodes_stdin_with_the_shipped_pair(tmp_path):
   assert [r['input'] for r in outputs['baseline']] == SOURCES[:2]
   assert ([r['output'] for r in outputs['speculative']] ==
           [r['output'] for r in outputs['baseline']])
+
+
+HF_V1_1 = os.path.join(ROOT, '..', 'shared', 'fixtures', 'hf_t5_v1_1_tiny')
+
+
+@pytest.mark.skipif(not os.path.isdir(HF_V1_1),
+                    reason='../shared/fixtures is not present')
+def test_hugging_face_folder_as_the_gin_target(monkeypatch):
+  """configs/models/hf_checkpoint.gin: an HF folder as target and draft;
+  speculative text equals baseline text."""
+  import gin  # pylint: disable=g-import-not-at-top
+  from spec_decode import gin_utils  # pylint: disable=g-import-not-at-top
+  del monkeypatch
+  gin.clear_config()
+  for folder in gin_utils.config_search_paths([]):
+    gin.add_config_file_search_path(folder)
+  gin.parse_config_files_and_bindings(
+      ['runs/speculative.gin', 'models/hf_checkpoint.gin'],
+      [f"HF_TARGET = '{HF_V1_1}'", f"HF_DRAFT = '{HF_V1_1}'",
+       'infer.InferConfig.target = %HF_TARGET_MODEL',
+       'infer.InferConfig.draft = %HF_DRAFT_MODEL',
+       'infer.InferConfig.gamma = 2', 'infer.InferConfig.batch_size = 2',
+       'infer.InferConfig.max_decode_len = 8'], finalize_config=False)
+  config = gin_utils.build(infer.InferConfig)
+  gin.clear_config()
+  assert config.target.model_config().vocab_size == 384
+  # The fixture has no spiece.model and only 384 embeddings: the shipped
+  # 8000-piece vocabulary is refused with the clear error...
+  with pytest.raises(ValueError, match='vocabulary has 8000 pieces'):
+    infer.infer(config, SOURCES)
+  # ... and the model itself decodes speculatively as the baseline does.
+  target = config.target.load()
+  tokens = [[5, 17, 300, 1, 0], [9, 1, 0, 0, 0]]
+  np_tokens = sd.generate(target, tokens, max_decode_len=8).tokens
+  fast = sd.generate(target, tokens, max_decode_len=8,
+                     draft=config.draft.load(), gamma=2).tokens
+  assert (jax.numpy.asarray(np_tokens) == fast).all()

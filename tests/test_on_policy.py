@@ -7,7 +7,7 @@ import pytest
 
 import spec_decode as sd
 from spec_decode import on_policy
-from spec_decode import speculative
+from spec_decode import verification
 
 from conftest import random_inputs
 from conftest import random_model
@@ -18,7 +18,7 @@ def test_tvd_is_one_minus_the_acceptance_probability():
   teacher = jnp.asarray(rng.randn(2, 3, 11), jnp.float32)
   student = jnp.asarray(rng.randn(2, 3, 11), jnp.float32)
   tvd = on_policy.token_divergence(teacher, student, 'tvd')
-  beta = speculative.overlap_mass(jax.nn.softmax(teacher),
+  beta = verification.overlap_mass(jax.nn.softmax(teacher),
                                   jax.nn.softmax(student))
   np.testing.assert_allclose(np.asarray(tvd), 1.0 - np.asarray(beta),
                              atol=1e-6)

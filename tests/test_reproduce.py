@@ -11,11 +11,12 @@ import pytest
 from spec_decode import gin_utils
 from spec_decode import report
 from spec_decode import reproduce
+from spec_decode import sweeps
 from spec_decode import specs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, 'configs')
-SHARED = ('common.gin', 'table3.gin', 'sweep.gin')
+SHARED = gin_utils.NOT_ROWS
 
 
 def _rows(folder):
@@ -48,6 +49,20 @@ def test_paper_rows_build_offline(path, monkeypatch):
   assert row.batch_size == 1
   assert row.paper_alpha and row.paper_speedup
   assert 'T5-XXL' in row.describe()
+  assert row.mesh.num_partitions == 'auto'
+
+
+def test_paper_rows_take_num_partitions_from_the_command_line(monkeypatch):
+  monkeypatch.setattr(specs.ModelSpec, 'load', _no_load)
+  gin.clear_config()
+  gin.add_config_file_search_path(CONFIGS)
+  gin.parse_config_files_and_bindings(
+      [os.path.join(CONFIGS, 'paper', 'ende_t0_small.gin')],
+      ['NUM_PARTITIONS = 8'], finalize_config=False)
+  row = gin_utils.build(reproduce.ComparisonRow)
+  assert row.mesh == specs.MeshSpec(num_partitions=8)
+  # On a CPU (no device memory limit) 'auto' is 1: nothing is sharded.
+  assert specs.MeshSpec('auto').build(row.target.config, 'bfloat16') is None
 
 
 def test_there_is_a_paper_row_per_table_2_row():
@@ -72,7 +87,7 @@ def test_table_3_builds(folder, monkeypatch):
 
 def test_sweep_builds(monkeypatch):
   sweep = _build(os.path.join(CONFIGS, 'local', 'sweep.gin'),
-                 reproduce.Sweep, monkeypatch)
+                 sweeps.Sweep, monkeypatch)
   assert sweep.batch_sizes[-1] == 64 and 1 in sweep.gammas
   assert sweep.leniences == (1.0, 0.5, 0.3, 0.1)
 
@@ -124,5 +139,19 @@ def test_tables_are_written(tmp_path):
 def test_crossing_batch_size():
   rows = [{'batch_size': b, 'measured_speedup': s}
           for b, s in [(1, 1.8), (4, 1.3), (16, 0.9), (64, 0.5)]]
-  assert reproduce.crossing_batch_size(rows) == 16
-  assert reproduce.crossing_batch_size(rows[:2]) is None
+  assert sweeps.crossing_batch_size(rows) == 16
+  assert sweeps.crossing_batch_size(rows[:2]) is None
+
+
+def test_verification_comparison_builds_every_setting(monkeypatch):
+  comparison = _build(os.path.join(CONFIGS, 'local', 'verification.gin'),
+                      sweeps.VerificationComparison, monkeypatch)
+  settings = comparison.settings()
+  # 4 rows x 2 batch sizes x 2 rules x (fixed, adaptive).
+  assert len(settings) == 32
+  assert {s.verification for s in settings} == {'token', 'block'}
+  assert {(s.draft_stop, s.gamma) for s in settings} == {
+      (None, 4), ('confidence', 6)}
+  assert {s.data.task for s in settings} == {'translate_en_de', 'summarize'}
+  assert all(s.num_examples >= 2 * s.batch_size for s in settings)
+  assert {s.draft_threshold for s in settings if s.draft_stop} == {0.4}

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import partitioning
+
 Array = jax.Array
 Initializer = Callable[..., Array]
 
@@ -131,7 +133,12 @@ class Dense(nn.Module):
                     (x.shape[-1], self.features), self.kernel_axes)
     x = jnp.asarray(x, self.dtype)
     kernel = jnp.asarray(kernel, self.dtype)
-    return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    # Accumulate in float32 and round once: on a mesh that splits the
+    # contracted axis (out, wo), the partial sums are then added in float32,
+    # so a sharded bfloat16 model computes what the unsharded one does.
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+    return y.astype(self.dtype)
 
 
 class Embed(nn.Module):
@@ -272,7 +279,9 @@ class MultiHeadAttention(nn.Module):
 
   def _split_heads(self, x: Array) -> Array:
     # [batch, length, heads * head_dim] -> [batch, length, heads, head_dim]
-    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))
+    return partitioning.constrain(
+        x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim)),
+        ('batch', 'length', 'heads', 'kv'))
 
   def project_kv(self, inputs_kv: Array) -> Tuple[Array, Array]:
     """Returns keys [batch, heads, head_dim, length] and values [batch,
@@ -318,7 +327,9 @@ class GatedMlp(nn.Module):
       h = Dense(self.intermediate_dim, ('embed', 'mlp'), dtype=self.dtype,
                 name=dense_name)(x)
       branches.append(h if name == 'linear' else getattr(nn, name)(h))
-    h = functools.reduce(lambda a, b: a * b, branches)
+    # [batch, length, mlp]
+    h = partitioning.constrain(functools.reduce(lambda a, b: a * b, branches),
+                               ('batch', 'length', 'mlp'))
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     return Dense(x.shape[-1], ('mlp', 'embed'), dtype=self.dtype,
                  name='wo')(h)

@@ -6,7 +6,7 @@ Baseline and speculative decoding both go through `prepare_decoding` and
 
 import functools
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import flax
 import flax.linen as nn
@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import partitioning as partitioning_lib
 from spec_decode import validation
 from spec_decode.model.config import T5Config
 from spec_decode.model.network import DecoderCache
@@ -188,6 +189,10 @@ class Model:
     self._config = config
     self._params = params
     self._eos_id = eos_id
+    self._partitioning = None
+    # Placements of this model on meshes it was not sharded for (a draft
+    # replicated beside a sharded target), made once per mesh.
+    self._placements: Dict[Any, 'Model'] = {}
 
   @property
   def config(self) -> T5Config:
@@ -201,9 +206,51 @@ class Model:
   def eos_id(self) -> int:
     return self._eos_id
 
+  @property
+  def partitioning(self) -> Optional[partitioning_lib.Partitioning]:
+    """The mesh and rules the params are sharded with; None: one device."""
+    return self._partitioning
+
+  def shard(self, mesh: jax.sharding.Mesh,
+            rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None
+            ) -> 'Model':
+    """This model with its parameters split over a device mesh.
+
+    Args:
+      mesh: A ('data', 'model') mesh (`partitioning.make_mesh`).
+      rules: Logical axis rules as T5X's `logical_axis_rules`; default
+        T5X's standard rules (vocab, mlp, heads, joined_kv over 'model').
+        `partitioning.data_parallel_rules()` replicates the model over
+        'model' (the default for a draft beside a sharded target).
+
+    Returns:
+      A `Model` whose params are `jax.Array`s with `NamedSharding`s;
+      `generate` then runs its whole loop over the mesh.
+
+    Raises:
+      ValueError: A bad mesh or rule, or a dimension (named in the message)
+        that its mesh axis does not divide.
+    """
+    plan = partitioning_lib.Partitioning.create(mesh, rules)
+    params = partitioning_lib.shard_params(self._params, self._config, plan)
+    sharded = Model(self._config, params, self._eos_id)
+    sharded._partitioning = plan  # pylint: disable=protected-access
+    return sharded
+
+  def placed_like(self, plan: partitioning_lib.Partitioning) -> 'Model':
+    """This model replicated over 'model' on `plan`'s mesh (memoised)."""
+    if self._partitioning is not None:
+      return self
+    key = plan.data_parallel()
+    if key not in self._placements:
+      self._placements[key] = self.shard(key.mesh, key.rules)
+    return self._placements[key]
+
   def __repr__(self) -> str:
+    mesh = ('' if self._partitioning is None else
+            f', mesh {dict(self._partitioning.mesh.shape)}')
     return (f'Model({self._config}, {parameter_count(self._params):,} '
-            'parameters)')
+            f'parameters{mesh})')
 
   def logits(self, encoder_input_tokens: Any,
              decoder_input_tokens: Any) -> Array:

@@ -17,10 +17,23 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from spec_decode import partitioning
 from spec_decode.model import layers
 from spec_decode.model.config import T5Config
 
 Array = jax.Array
+
+# Logical axes of the caches and activations; on a mesh the caches split
+# their rows over 'data' and their heads over 'model' (no-ops without one).
+KEY_AXES = ('batch', 'heads', 'kv', 'length')
+VALUE_AXES = ('batch', 'heads', 'length', 'kv')
+ACTIVATION_AXES = ('batch', 'length', 'embed')
+LOGITS_AXES = ('batch', 'length', 'vocab')
+
+
+def _constrain_kv(key: Array, value: Array) -> Tuple[Array, Array]:
+  return (partitioning.constrain(key, KEY_AXES),
+          partitioning.constrain(value, VALUE_AXES))
 
 
 @flax.struct.dataclass
@@ -62,11 +75,12 @@ def init_cache(config: T5Config, batch_size: int,
   heads, head_dim = config.num_heads, config.head_dim
   dtype = config.activation_dtype
   layers_range = range(config.num_decoder_layers)
-  keys = tuple(jnp.zeros((batch_size, heads, head_dim, cache_len), dtype)
-               for _ in layers_range)
-  values = tuple(jnp.zeros((batch_size, heads, cache_len, head_dim), dtype)
-                 for _ in layers_range)
-  return DecoderCache(keys=keys, values=values)
+  pairs = [_constrain_kv(
+      jnp.zeros((batch_size, heads, head_dim, cache_len), dtype),
+      jnp.zeros((batch_size, heads, cache_len, head_dim), dtype))
+           for _ in layers_range]
+  return DecoderCache(keys=tuple(k for k, _ in pairs),
+                      values=tuple(v for _, v in pairs))
 
 
 def write_chunk(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
@@ -135,6 +149,7 @@ class Encoder(nn.Module):
           valid[:, None, :, None] & valid[:, None, None, :], dtype)
               + relpos(positions[None, :], positions, bidirectional=True))
     for index in range(cfg.num_encoder_layers):
+      x = partitioning.constrain(x, ACTIVATION_AXES)
       x = EncoderLayer(cfg, name=f'layers_{index}')(x, bias, deterministic)
     return dropout(layers.RMSNorm(dtype, name='encoder_norm')(x))
 
@@ -185,8 +200,9 @@ class DecoderLayer(nn.Module):
     dropout = lambda y: self.dropout(y, deterministic=deterministic)
     y = self.pre_self_attention_layer_norm(x)
     key, value = self.self_attention.project_kv(y)
-    cached_key = write_chunk(cached_key, key, start, axis=3)
-    cached_value = write_chunk(cached_value, value, start, axis=2)
+    cached_key, cached_value = _constrain_kv(
+        write_chunk(cached_key, key, start, axis=3),
+        write_chunk(cached_value, value, start, axis=2))
     x = x + dropout(self.self_attention.attend(y, cached_key, cached_value,
                                                self_bias))
     y = self.pre_cross_attention_layer_norm(x)
@@ -218,7 +234,8 @@ class Decoder(nn.Module):
 
   def cross_kv(self, encoded: Array) -> Tuple[Tuple[Array, ...],
                                               Tuple[Array, ...]]:
-    pairs = [layer.cross_kv(encoded) for layer in self.layers]
+    pairs = [_constrain_kv(*layer.cross_kv(encoded))
+             for layer in self.layers]
     return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
 
   def __call__(self, decoder_input_tokens: Array, start: Array,
@@ -244,6 +261,7 @@ class Decoder(nn.Module):
           encoded.encoder_mask[:, None, None, :], dtype)
     keys, values = [], []
     for index, layer in enumerate(self.layers):
+      y = partitioning.constrain(y, ACTIVATION_AXES)
       y, key, value = layer(y, start, self_bias, cache.keys[index],
                             cache.values[index], encoded.cross_keys[index],
                             encoded.cross_values[index], cross_bias,
@@ -255,6 +273,7 @@ class Decoder(nn.Module):
       logits = self.shared_embedding.attend(y) / jnp.sqrt(y.shape[-1])
     else:
       logits = self.logits_dense(y)
+    logits = partitioning.constrain(logits, LOGITS_AXES)
     return logits, DecoderCache(keys=tuple(keys), values=tuple(values))
 
 
@@ -276,7 +295,8 @@ class Transformer(nn.Module):
   def prepare_decoding(self, encoder_input_tokens: Array,
                        deterministic: bool = True) -> EncodedInputs:
     """Encodes and projects cross-attention keys/values once."""
-    encoded = self.encoder(encoder_input_tokens, deterministic)
+    encoded = partitioning.constrain(
+        self.encoder(encoder_input_tokens, deterministic), ACTIVATION_AXES)
     keys, values = self.decoder.cross_kv(encoded)
     return EncodedInputs(cross_keys=keys, cross_values=values,
                          encoder_mask=encoder_input_tokens > 0)

@@ -1,0 +1,166 @@
+"""Sweeps of one Table 2 row: gamma, batch size, lenience, and the
+verification comparison (token vs block verification x fixed vs adaptive
+draft length).
+
+Each point is a full `reproduce.measure_row`: baseline and speculative
+decoding interleaved after compilation, with the row's own costs.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from spec_decode import reproduce
+
+
+@dataclasses.dataclass(frozen=True)
+class Sweep:
+  """Speedup of one row as gamma, the batch size or the lenience varies.
+
+  Attributes:
+    row: The row to vary.
+    gammas: Draft lengths to try (gamma sweep).
+    batch_sizes: Batch sizes to try (batch sweep).
+    leniences: Lenience values to try (lenience trade-off, paper Table 5).
+    lenience_temperature: Temperature of the lenience sweep. Lenience
+      changes nothing under greedy decoding (p and q are one-hot, so a
+      mismatched draft token has p = 0 however lenient the rule), so it is
+      swept while sampling.
+  """
+  row: reproduce.ComparisonRow
+  gammas: Tuple[int, ...] = (1, 2, 3, 4, 5, 7, 10)
+  batch_sizes: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+  leniences: Tuple[float, ...] = (1.0, 0.5, 0.3, 0.1)
+  lenience_temperature: float = 1.0
+
+  def describe(self) -> str:
+    return self.row.describe()
+
+
+OnRow = Optional[Callable[[Dict[str, Any]], None]]
+
+
+def measure_rows(rows: Sequence[reproduce.ComparisonRow],
+                 on_row: OnRow = None) -> List[Dict[str, Any]]:
+  """`reproduce.measure_row` of each row, reporting each as it ends.
+
+  Args:
+    rows: The settings to measure, in order.
+    on_row: Called with each result (e.g. to print progress and time left).
+
+  Returns:
+    The results, in order.
+  """
+  results = []
+  for row in rows:
+    results.append(reproduce.measure_row(row))
+    if on_row is not None:
+      on_row(results[-1])
+  return results
+
+
+def gamma_sweep(sweep: Sweep, on_row: OnRow = None) -> List[Dict[str, Any]]:
+  """Measured speedup per gamma, next to the predicted curve.
+
+  Each row measures its own c and verification cost (`measure_row`), since
+  the cost of scoring gamma + 1 tokens grows with gamma.
+  """
+  return measure_rows([dataclasses.replace(sweep.row, gamma=gamma)
+                       for gamma in sweep.gammas], on_row)
+
+
+def batch_sweep(sweep: Sweep, on_row: OnRow = None) -> List[Dict[str, Any]]:
+  """Measured speedup per batch size: where speculation stops paying.
+
+  Each row measures c and the verification cost on its own first batch
+  (`measure_row`), since both change as the batch grows.
+  """
+  return measure_rows([dataclasses.replace(
+      sweep.row, batch_size=batch_size,
+      num_examples=max(sweep.row.num_examples, batch_size))
+                       for batch_size in sweep.batch_sizes], on_row)
+
+
+def lenience_sweep(sweep: Sweep, on_row: OnRow = None
+                   ) -> List[Dict[str, Any]]:
+  """Alpha and speedup per lenience (lossy below 1)."""
+  return measure_rows([dataclasses.replace(
+      sweep.row, lenience=lenience, temperature=sweep.lenience_temperature)
+                       for lenience in sweep.leniences], on_row)
+
+
+def crossing_batch_size(rows: Sequence[Dict[str, Any]]) -> Optional[int]:
+  """The smallest batch size at which speculation no longer pays."""
+  for row in sorted(rows, key=lambda r: r['batch_size']):
+    if row['measured_speedup'] < 1.0:
+      return int(row['batch_size'])
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class VerificationComparison:
+  """Token vs block verification, each with a fixed and an adaptive draft
+  length, on several rows (tasks x temperatures) and batch sizes.
+
+  Attributes:
+    rows: The rows to vary (their gamma is the fixed draft length and the
+      adaptive rule's maximum).
+    batch_sizes: Batch sizes to try.
+    verifications: Verification rules.
+    draft_stop: The adaptive rule: ('confidence' or 'entropy', threshold).
+    adaptive_gamma: The adaptive rule's most proposals per iteration (it
+      stops sooner when unsure, so it can afford more than the fixed
+      gamma); None uses the row's gamma.
+  """
+  rows: Tuple[reproduce.ComparisonRow, ...]
+  batch_sizes: Tuple[int, ...] = (1, 8)
+  verifications: Tuple[str, ...] = ('token', 'block')
+  draft_stop: Tuple[str, float] = ('confidence', 0.4)
+  adaptive_gamma: Optional[int] = None
+
+  def describe(self) -> str:
+    return '\n'.join(row.describe() for row in self.rows)
+
+  def settings(self) -> List[reproduce.ComparisonRow]:
+    """Every (row, batch size, verification, draft length) to measure."""
+    settings = []
+    for row in self.rows:
+      for batch_size in self.batch_sizes:
+        sized = dataclasses.replace(
+            row, batch_size=batch_size,
+            num_examples=max(row.num_examples, 2 * batch_size))
+        for verification in self.verifications:
+          for stop in (None, self.draft_stop):
+            settings.append(dataclasses.replace(
+                sized, verification=verification,
+                gamma=(self.adaptive_gamma or row.gamma) if stop
+                else row.gamma,
+                draft_stop=stop[0] if stop else None,
+                draft_threshold=stop[1] if stop else None))
+    return settings
+
+
+def verification_comparison(comparison: VerificationComparison,
+                            on_row: OnRow = None) -> List[Dict[str, Any]]:
+  """Measures every setting; adds 'task' and 'draft_length' labels.
+
+  Args:
+    comparison: What to measure.
+    on_row: Called with each result as it is measured (progress).
+
+  Returns:
+    One `measure_row` dict per setting.
+  """
+  settings = comparison.settings()
+
+  def label(result: Dict[str, Any]) -> None:
+    row = settings[label.done]
+    label.done += 1
+    result['task'] = row.data.task
+    result['draft_length'] = (
+        f'adaptive ({row.draft_stop} {row.draft_threshold}, <= {row.gamma})'
+        if row.draft_stop else f'fixed {row.gamma}')
+    if on_row is not None:
+      on_row(result)
+
+  label.done = 0
+  return measure_rows(settings, label)

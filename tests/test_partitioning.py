@@ -1,0 +1,152 @@
+"""Meshes, logical axis rules and their errors; the 8-device suite.
+
+Decoding on a mesh is checked in tests/sharded, which needs 8 host devices
+fixed before JAX starts, so the two tests at the end run it in a fresh
+process (fast part in the default run, slow part with -m slow).
+"""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec
+
+from spec_decode import partitioning
+
+from conftest import random_model
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _plan(rules=None) -> partitioning.Partitioning:
+  return partitioning.Partitioning.create(partitioning.make_mesh(1), rules)
+
+
+def test_make_mesh_has_t5x_axes():
+  mesh = partitioning.make_mesh()
+  assert mesh.axis_names == ('data', 'model')
+  assert mesh.shape['model'] == 1
+  assert mesh.shape['data'] == jax.device_count()
+
+
+@pytest.mark.parametrize('bad', [0, -1, 2.0, True])
+def test_make_mesh_rejects_bad_num_partitions(bad):
+  if bad == 2.0 or bad is True:
+    match = 'num_partitions must be a positive integer'
+  else:
+    match = 'num_partitions'
+  with pytest.raises(ValueError, match=match):
+    partitioning.make_mesh(bad)
+
+
+def test_make_mesh_needs_a_divisor_of_the_device_count():
+  with pytest.raises(ValueError, match=r'must divide the number of devices'):
+    partitioning.make_mesh(jax.device_count() + 1)
+
+
+def test_standard_rules_follow_t5x():
+  plan = _plan()
+  assert plan.spec(('batch', 'length', 'embed')) == PartitionSpec(
+      'data', None, None)
+  assert plan.spec(('embed', 'mlp')) == PartitionSpec(None, 'model')
+  assert plan.spec(('vocab', 'embed')) == PartitionSpec('model', None)
+  assert plan.spec(('embed', 'joined_kv')) == PartitionSpec(None, 'model')
+  # One mesh axis splits one dimension: heads takes 'model', kv stays whole.
+  assert plan.spec(('batch', 'heads', 'kv', 'length')) == PartitionSpec(
+      'data', 'model', None, None)
+
+
+def test_rules_override_like_t5x():
+  plan = _plan([('batch', 'data'), ('mlp', None), ('heads', 'model')])
+  assert plan.spec(('embed', 'mlp')) == PartitionSpec(None, None)
+  assert plan.spec(('heads', 'relpos_buckets')) == PartitionSpec('model',
+                                                                  None)
+
+
+def test_data_parallel_rules_replicate_over_model():
+  rules = dict(partitioning.data_parallel_rules())
+  assert rules['batch'] == 'data'
+  assert 'model' not in rules.values()
+
+
+@pytest.mark.parametrize('rules, match', [
+    ([('vocabulary', 'model')], "unknown logical axis 'vocabulary'"),
+    ([('vocab', 'tensor')], "mesh axis 'tensor'"),
+    ([('vocab',)], r'logical_axis_rules\[0\] must be a pair'),
+])
+def test_bad_rules_are_named(rules, match):
+  with pytest.raises(ValueError, match=match):
+    partitioning.check_rules(rules)
+
+
+def test_mesh_without_t5x_axes_is_refused():
+  mesh = Mesh(np.asarray(jax.devices()[:1]), ('replica',))
+  with pytest.raises(ValueError, match=r"exactly the axes \('data', 'model'\)"):
+    random_model().shard(mesh)
+  with pytest.raises(TypeError, match='mesh must be a jax.sharding.Mesh'):
+    random_model().shard('data')
+
+
+def test_single_device_mesh_decodes_as_without_one():
+  import spec_decode as sd  # pylint: disable=g-import-not-at-top
+  model = random_model()
+  tokens = np.array([[5, 6, 7, 0], [9, 3, 0, 0], [4, 4, 4, 4]], np.int32)
+  sharded = model.shard(partitioning.make_mesh(1, jax.devices()[:1]))
+  for kwargs in (dict(), dict(draft=model, gamma=2)):
+    np.testing.assert_array_equal(
+        sd.generate(sharded, tokens, max_decode_len=6, **kwargs).tokens,
+        sd.generate(model, tokens, max_decode_len=6, **kwargs).tokens)
+
+
+def test_pad_rows_repeats_the_last_row():
+  tokens = np.arange(6, dtype=np.int32).reshape(3, 2)
+  padded = partitioning.pad_rows(tokens, 4)
+  assert padded.shape == (4, 2)
+  np.testing.assert_array_equal(padded[3], tokens[2])
+  assert partitioning.pad_rows(tokens, 3) is tokens
+
+
+def _sharded_suite(marker: str) -> None:
+  env = dict(os.environ)
+  env['XLA_FLAGS'] = (env.get('XLA_FLAGS', '') +
+                      ' --xla_force_host_platform_device_count=8').strip()
+  result = subprocess.run(
+      [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-m',
+       marker, 'tests/sharded'], cwd=ROOT, env=env, capture_output=True,
+      text=True, check=False)
+  assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+
+
+def test_sharded_suite_on_8_host_devices():
+  """Greedy identity over 4 meshes, real splits, shard-by-shard loading."""
+  _sharded_suite('not slow')
+
+
+@pytest.mark.slow
+def test_sharded_suite_on_8_host_devices_slow():
+  """Temperature 1 on every mesh."""
+  _sharded_suite('slow')
+
+
+@pytest.mark.slow
+def test_two_processes_decode_over_one_mesh():
+  """The multi-host path (TPU VM slices): rows fed per process, results
+  gathered on every process, equal to decoding on one device."""
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  worker = os.path.join(ROOT, 'tests', 'sharded', 'multiprocess_worker.py')
+  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
+  processes = [subprocess.Popen(
+      [sys.executable, worker, str(port), str(index)], cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for index in range(2)]
+  outputs = [p.communicate(timeout=600)[0] for p in processes]
+  for index, (process, output) in enumerate(zip(processes, outputs)):
+    assert process.returncode == 0, output[-4000:]
+    assert f'OK {index}' in output, output[-4000:]
