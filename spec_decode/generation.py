@@ -110,21 +110,29 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
     if gamma != 'auto':
       gamma = validation.check_int('gamma', gamma, 1)
   model, draft, placed_tokens = _place_on_mesh(model, draft, tokens)
-  if draft is None:
-    result = decoding.baseline_generate(config, model.params, placed_tokens,
-                                        rng, max_decode_len, sampling, eos_id,
-                                        model.partitioning)
-  elif gamma == 'auto':
+  options = dict(lenience=lenience, verification=verification,
+                 draft_stop=draft_stop, draft_threshold=draft_threshold)
+  if draft is not None and gamma == 'auto':
     result = _auto_generate(model, draft, placed_tokens, rng, max_decode_len,
-                            sampling, eos_id, lenience, verification,
-                            draft_stop, draft_threshold)
+                            sampling, eos_id, **options)
   else:
-    result = speculative.speculative_generate(
-        model, draft, placed_tokens, rng=rng, max_decode_len=max_decode_len,
-        sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,
-        verification=verification, draft_stop=draft_stop,
-        draft_threshold=draft_threshold)
+    result = _decode(model, draft, placed_tokens, rng, max_decode_len,
+                     sampling, eos_id, gamma if draft is not None else 0,
+                     **options)
   return _real_rows(result, tokens.shape[0])
+
+
+def _decode(model: Model, draft: Optional[Model], tokens: Any, rng: Array,
+            max_decode_len: int, sampling: sampling_lib.SamplingConfig,
+            eos_id: int, gamma: int, **options) -> DecodeResult:
+  """Baseline decoding when gamma is 0, else speculative with `options`."""
+  if not gamma:
+    return decoding.baseline_generate(model.config, model.params, tokens, rng,
+                                      max_decode_len, sampling, eos_id,
+                                      model.partitioning)
+  return speculative.speculative_generate(
+      model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
+      sampling=sampling, eos_id=eos_id, gamma=gamma, **options)
 
 
 def _place_on_mesh(model: Model, draft: Optional[Model], tokens: np.ndarray
@@ -258,21 +266,11 @@ def record_auto_result(model: Model, draft: Model,
 
 def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                    max_decode_len: int, sampling, eos_id: int,
-                   lenience: float, verification: str = 'token',
-                   draft_stop: Optional[str] = None,
-                   draft_threshold: Optional[float] = None) -> DecodeResult:
+                   **options) -> DecodeResult:
   """Decodes with the gamma (or baseline) the measured costs favour."""
   gamma, predicted = resolve_auto_gamma(model, draft, tokens.shape[0],
                                         sampling)
-  if gamma == 0:
-    result = decoding.baseline_generate(model.config, model.params, tokens,
-                                        rng, max_decode_len, sampling, eos_id,
-                                        model.partitioning)
-  else:
-    result = speculative.speculative_generate(
-        model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
-        sampling=sampling, eos_id=eos_id, gamma=gamma, lenience=lenience,
-        verification=verification, draft_stop=draft_stop,
-        draft_threshold=draft_threshold)
+  result = _decode(model, draft, tokens, rng, max_decode_len, sampling,
+                   eos_id, gamma, **options)
   record_auto_result(model, draft, sampling, result)
   return result.replace(gamma=gamma, predicted_speedup=predicted)

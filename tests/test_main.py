@@ -74,3 +74,17 @@ def test_main_cli_takes_gin_flags(tmp_path):
   assert 'summarize' in result.stdout
   rows = json.load(open(tmp_path / 'main.json'))['rows']
   assert [r['task'] for r in rows] == ['summarize']
+
+
+@pytest.mark.parametrize('command', [
+    ['-m', 'spec_decode.main'], ['-m', 'spec_decode.infer'],
+    ['scripts/reproduce_paper.py'], ['scripts/memory_plan.py']])
+def test_help_lists_the_flags_with_their_help(command):
+  result = subprocess.run([sys.executable, *command, '--help'], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+  # absl's --help exits with status 1 after printing.
+  assert 'Traceback' not in result.stderr, result.stderr[-2000:]
+  for flag, words in (('--gin_file', 'gin files to parse'),
+                      ('multiprocess', 'jax.distributed.initialize')):
+    assert flag in result.stdout
+    assert words in result.stdout

@@ -89,3 +89,23 @@ def test_mesh_without_config_is_refused():
   mesh = partitioning.make_mesh(num_partitions=2)
   with pytest.raises(ValueError, match='mesh needs config'):
     sd.load_t5x_checkpoint(ZARR, mesh=mesh)
+
+
+@requires_fixtures
+def test_gin_mesh_spec_loads_the_target_into_shards():
+  from spec_decode import specs  # pylint: disable=g-import-not-at-top
+  config = tiny_config()
+  target_spec = specs.ModelSpec('tiny', config=config, checkpoint=ZARR,
+                                dtype='float32')
+  target, draft = specs.MeshSpec(num_partitions=4).load(target_spec,
+                                                        target_spec)
+  assert dict(target.partitioning.mesh.shape) == {'data': 2, 'model': 4}
+  assert draft.partitioning is None  # Replicated by generate.
+  wo = target.params['decoder']['layers_0']['mlp']['wo']['kernel']
+  assert wo.addressable_shards[0].data.shape == (16 // 4, 8)
+  tokens = np.asarray(golden('t5x_tiny')['encoder_input_tokens'])
+  np.testing.assert_array_equal(
+      sd.generate(target, tokens, max_decode_len=8, draft=draft,
+                  gamma=2).tokens,
+      sd.generate(sd.Model(config, sd.load_t5x_checkpoint(ZARR, config)),
+                  tokens, max_decode_len=8).tokens)
