@@ -13,7 +13,8 @@ H200 141 GB) it fits. On a CPU host the devices are host-platform CPU devices
 of bfloat16 weights, shown apart and not counted against a chip. On a TPU VM
 run it as it is: the TPU compiler's plan is then the one printed.
 
-Writes <output_dir>/memory_plan.{json,md}.
+Writes <output_dir>/memory_plan.{json,csv,md}, after every plan. An XXL
+compile takes ~1 min and a few GB of host memory on a 2-core machine.
 """
 
 import os
@@ -112,8 +113,9 @@ def main(argv):
             f"{result['draft_params_gb']}, caches {result['cache_gb']}, "
             f"XLA temp {result['xla_temp_gb']}); fits {result['fits']}",
             flush=True)
+      # Written after every plan: a long run that dies keeps what it had.
+      report.write_rows(rows, FLAGS.output_dir, 'memory_plan', COLUMNS)
   if rows:
-    report.write_rows(rows, FLAGS.output_dir, 'memory_plan', COLUMNS)
     print(report.markdown_table(rows, COLUMNS))
 
 

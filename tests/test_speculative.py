@@ -12,6 +12,7 @@ import pytest
 import spec_decode as sd
 from spec_decode import block_verification
 from spec_decode import speculative
+from spec_decode import verification
 from spec_decode.sampling import process_logits
 from spec_decode.sampling import SamplingConfig
 
@@ -468,7 +469,7 @@ def test_negative_control_biased_correction_is_detected(monkeypatch):
   sampling = SamplingConfig(1.0)
   probs = _exact_distribution(target, enc, sampling, eos_id=1)
   jax.clear_caches()
-  monkeypatch.setattr(speculative, 'residual_distribution',
+  monkeypatch.setattr(verification, 'residual_distribution',
                       lambda p, q, lenience=1.0: p)
   try:
     counts, _ = _sample_counts(target, draft, enc, sampling, gamma=3, seed=0)
