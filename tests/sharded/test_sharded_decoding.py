@@ -175,7 +175,7 @@ def test_draft_on_another_mesh_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('shape', MESH_SHAPES)
+@pytest.mark.parametrize('shape', [(4, 2), (1, 8)])  # Mixed; all model.
 def test_temperature_one_equals_unsharded(shape):
   """Same rng, same draws: jax's partitionable threefry gives each element
   the same random bits however the array is split, and float32 logits that
