@@ -188,6 +188,11 @@ def _check_rng(rng: Any) -> Array:
 
 
 CALIBRATION_GAMMA = 3
+# After this many baseline choices in a row, one call speculates at
+# CALIBRATION_GAMMA again: an alpha estimate from a few unlucky (or other
+# task's) inputs would otherwise keep speculation off for good. Costs at
+# most one slower call in this many.
+REEXPLORE_AFTER = 16
 _RECENT_LENGTHS = 256
 
 
@@ -196,6 +201,7 @@ class _AlphaEstimate:
   """Running acceptance and output-length figures of one (pair, sampling)."""
   beta_sum: float = 0.0
   beta_count: int = 0
+  baseline_streak: int = 0
   lengths: Deque[int] = dataclasses.field(
       default_factory=lambda: collections.deque(maxlen=_RECENT_LENGTHS))
 
@@ -241,11 +247,13 @@ def resolve_auto_gamma(model: Model, draft: Model, batch_size: int,
   Returns:
     (gamma, predicted speedup over baseline); gamma 0 means baseline
     decoding (predicted 1.0); (CALIBRATION_GAMMA, None) before any alpha
-    has been measured for this pair and sampling.
+    has been measured for this pair and sampling, and after
+    `REEXPLORE_AFTER` baseline choices in a row (fresh evidence).
   """
   profile = costs.cost_profile(model, draft, batch_size)
   estimate = _ESTIMATES.get((_pair_key(model, draft), sampling))
-  if estimate is None or not estimate.beta_count:
+  if (estimate is None or not estimate.beta_count
+      or estimate.baseline_streak >= REEXPLORE_AFTER):
     return min(CALIBRATION_GAMMA, profile.max_gamma), None
   return costs.choose_gamma(estimate.alpha, profile, estimate.lengths)
 
@@ -256,6 +264,8 @@ def record_auto_result(model: Model, draft: Model,
   """Adds a result's beta and output lengths to the running estimates."""
   estimate = _ESTIMATES.setdefault((_pair_key(model, draft), sampling),
                                    _AlphaEstimate())
+  estimate.baseline_streak = 0 if result.gamma else (
+      estimate.baseline_streak + 1)
   if result.gamma:
     verified = np.asarray(result.verified_positions)
     beta = np.nan_to_num(np.asarray(result.mean_beta))

@@ -145,6 +145,20 @@ def test_auto_gamma_is_exact_and_says_what_it_chose(pair, monkeypatch,
   assert (third.gamma, third.predicted_speedup) == (0, 1.0)
   np.testing.assert_array_equal(np.asarray(third.tokens),
                                 np.asarray(baseline.tokens))
+  # After REEXPLORE_AFTER baseline choices in a row, one call speculates
+  # at the calibration gamma again (fresh evidence), then the costs rule.
+  streak = 1 if second.gamma else 2  # Baseline calls so far in a row.
+  chosen = [sd.generate(target, inputs, max_decode_len=10, draft=draft,
+                        gamma='auto')
+            for _ in range(generation.REEXPLORE_AFTER - streak + 1)]
+  assert [r.gamma for r in chosen] == (
+      [0] * (generation.REEXPLORE_AFTER - streak)
+      + [generation.CALIBRATION_GAMMA])
+  assert chosen[-1].predicted_speedup is None
+  np.testing.assert_array_equal(np.asarray(chosen[-1].tokens),
+                                np.asarray(baseline.tokens))
+  assert sd.generate(target, inputs, max_decode_len=10, draft=draft,
+                     gamma='auto').gamma == 0
 
 
 def test_unknown_gamma_name_is_refused(pair):
