@@ -73,22 +73,20 @@ class ModelSpec:
 
   def load(self, plan: Optional[partitioning.Partitioning] = None) -> Model:
     """Loads the model; with `plan`, each device reads only its shards."""
-    config = self.model_config()
-    if self.pretrained or self.hf_checkpoint:
-      model = (pretrained.load(self.pretrained, dtype=self.dtype)
-               if self.pretrained else hf_checkpoints.load_hf_checkpoint(
-                   self.hf_checkpoint, dtype=self.dtype))
-      return model if plan is None else model.shard(plan.mesh, plan.rules)
-    if plan is None:
-      params = checkpoints.load_t5x_checkpoint(self.checkpoint, config,
-                                               dtype=self.dtype)
-      return Model(config, params, eos_id=self.eos_id)
-    params = checkpoints.load_t5x_checkpoint(
-        self.checkpoint, config, dtype=self.dtype, mesh=plan.mesh,
-        rules=plan.rules)
-    # Already placed; shard() records the plan and moves nothing.
-    return Model(config, params, eos_id=self.eos_id).shard(plan.mesh,
-                                                           plan.rules)
+    if self.pretrained:
+      model = pretrained.load(self.pretrained, dtype=self.dtype)
+    elif self.hf_checkpoint:
+      model = hf_checkpoints.load_hf_checkpoint(self.hf_checkpoint,
+                                                dtype=self.dtype)
+    else:
+      config = self.model_config()
+      params = checkpoints.load_t5x_checkpoint(
+          self.checkpoint, config, dtype=self.dtype,
+          mesh=None if plan is None else plan.mesh,
+          rules=None if plan is None else plan.rules)
+      model = Model(config, params, eos_id=self.eos_id)
+    # Params read into shards are already placed; shard() records the plan.
+    return model if plan is None else model.shard(plan.mesh, plan.rules)
 
 
 @dataclasses.dataclass(frozen=True)
