@@ -36,5 +36,12 @@ setuptools.setup(
         'test': ['pytest', 'hypothesis', 'scipy'],
         'plots': ['matplotlib'],
     },
+    entry_points={
+        # The same as `python -m spec_decode.main` / `spec_decode.infer`.
+        'console_scripts': [
+            'spec-decode = spec_decode.main:cli',
+            'spec-decode-infer = spec_decode.infer:cli',
+        ],
+    },
     license='Apache-2.0',
 )

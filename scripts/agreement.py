@@ -11,13 +11,13 @@ agree, so this is the paper's alpha at T=0 on held-out inputs, in seconds;
 draft training logs the same figure as `<task>/target_agreement`.
 """
 
-import dataclasses
 import json
 import os
 
 from absl import app
 from absl import flags
 
+from spec_decode import losses
 from spec_decode import pretrained
 from spec_decode import train
 from spec_decode import train_eval
@@ -62,8 +62,8 @@ def main(argv):
     else:
       raise app.UsageError(f'--drafts: {name!r} is neither one of '
                            f'{pretrained.available()} nor a folder.')
-    eval_step = train_eval.make_eval_step(train.make_loss_fn(
-        dataclasses.replace(config, model=draft.config)))
+    eval_step = train_eval.make_eval_step(losses.make_loss_fn(
+        draft.config, config.z_loss, config.soft_target_weight))
     results[name] = train_eval.evaluate_agreement(
         eval_step, draft.params, sampler, mixture, FLAGS.examples)
     print(f'{name}: ' + ', '.join(

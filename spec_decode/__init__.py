@@ -9,12 +9,15 @@ Public API:
   Model(config, params): a model with `.logits(...)`.
   generate(model, encoder_input_tokens, *, max_decode_len, ..., draft=None,
            gamma=4): baseline decoding, or speculative decoding with a draft.
+  make_mesh(num_partitions=1): a ('data', 'model') device mesh for
+    `Model.shard(mesh)`.
 """
 
 from spec_decode.checkpoints import CheckpointError
 from spec_decode.checkpoints import load_t5x_checkpoint
 from spec_decode.checkpoints import save_t5x_checkpoint
 from spec_decode.decoding import DecodeResult
+from spec_decode.device_mesh import make_mesh
 from spec_decode.generation import generate
 from spec_decode.hf_checkpoints import load_hf_checkpoint
 from spec_decode.model import init_params
@@ -35,5 +38,6 @@ __version__ = '0.1.0'
 __all__ = [
     'CheckpointError', 'DecodeResult', 'Model', 'SamplingConfig', 'T5Config',
     'analysis', 'costs', 'generate', 'init_params', 'load_hf_checkpoint',
-    'load_t5x_checkpoint', 'logical_axes', 'pretrained', 'save_t5x_checkpoint', 't5_config',
+    'load_t5x_checkpoint', 'logical_axes', 'make_mesh', 'pretrained',
+    'save_t5x_checkpoint', 't5_config',
 ]

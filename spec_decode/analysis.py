@@ -338,15 +338,10 @@ def corollary_alpha(results: Union[DecodeResult, Sequence[DecodeResult]]
   return float(np.average(beta[valid], weights=counts[valid]))
 
 
-def parameter_count(model: Model, decoder_only: bool = False) -> int:
-  """Parameters of a model, or of its decoder alone."""
-  return model_lib.parameter_count(
-      model.params['decoder'] if decoder_only else model.params)
-
-
 def c_hat(target: Model, draft: Model) -> float:
   """Arithmetic-operations ratio per token, from decoder parameter counts."""
-  return parameter_count(draft, True) / parameter_count(target, True)
+  return (model_lib.parameter_count(draft.params['decoder'])
+          / model_lib.parameter_count(target.params['decoder']))
 
 
 def predicted_speedup(alpha: float, gamma: int, costs: Dict[str, float],

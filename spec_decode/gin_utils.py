@@ -166,8 +166,8 @@ def start_multiprocess() -> None:
   each host's rows on its own devices and gathers the results, so
   process 0 alone prints and (`report.is_writer`) writes files.
   """
-  from spec_decode import partitioning  # pylint: disable=g-import-not-at-top
-  if partitioning.initialize_multiprocess() != 0:
+  from spec_decode import device_mesh  # pylint: disable=g-import-not-at-top
+  if device_mesh.initialize_multiprocess() != 0:
     sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with
 
 

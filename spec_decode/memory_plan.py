@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import device_mesh
 from spec_decode import partitioning
 from spec_decode import speculative
 from spec_decode.model import init_cache
@@ -111,7 +112,7 @@ def plan_speculative(target: T5Config, draft: T5Config, *, batch_size: int,
         f'num_partitions={num_partitions} needs that many devices, have '
         f'{len(devices)} (on a CPU set XLA_FLAGS='
         f'--xla_force_host_platform_device_count={num_partitions}).')
-  mesh = partitioning.make_mesh(num_partitions, devices[:num_partitions])
+  mesh = device_mesh.make_mesh(num_partitions, devices[:num_partitions])
   target_plan = partitioning.Partitioning.create(mesh, rules)
   draft_plan = target_plan.data_parallel()
   dtype = jnp.dtype(params_dtype)

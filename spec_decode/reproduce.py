@@ -18,6 +18,7 @@ from spec_decode import analysis
 from spec_decode import benchmark
 from spec_decode import evaluation
 from spec_decode import generation
+from spec_decode import partitioning
 from spec_decode import sampling as sampling_lib
 from spec_decode import specs
 from spec_decode.model import Model
@@ -80,19 +81,19 @@ class ComparisonRow:
 _MODELS: Dict[Any, Model] = {}
 
 
-def load_cached(spec: specs.ModelSpec,
-                mesh: specs.MeshSpec = specs.MeshSpec(),
-                role: str = 'target') -> Model:
-  """Loads a model once per (spec, mesh, role); a draft stays unsharded
-  unless `mesh.shard_draft` (generate replicates it over the mesh)."""
-  key = (spec, mesh, role)
-  if key not in _MODELS:
-    if role == 'target':
-      _MODELS[key] = mesh.load(spec, None)[0]
-    else:
-      _MODELS[key] = (mesh.load(spec, None)[0] if mesh.shard_draft
-                      else spec.load())
-  return _MODELS[key]
+def load_pair(target: specs.ModelSpec, draft: specs.ModelSpec,
+              mesh: specs.MeshSpec = specs.MeshSpec()) -> Tuple[Model, Model]:
+  """Loads a target and draft laid out as `mesh.plans` says, each model
+  once per (spec, partitioning) however many rows or drafts share it."""
+  target_plan, draft_plan = mesh.plans(target)
+  return _load_once(target, target_plan), _load_once(draft, draft_plan)
+
+
+def _load_once(spec: specs.ModelSpec,
+               plan: Optional[partitioning.Partitioning]) -> Model:
+  if (spec, plan) not in _MODELS:
+    _MODELS[spec, plan] = spec.load(plan)
+  return _MODELS[spec, plan]
 
 
 def timing_batches(enc: np.ndarray, batch_size: int) -> List[np.ndarray]:
@@ -248,8 +249,7 @@ def add_predictions(figures: Dict[str, Any], gamma: int,
 def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
                 seed: int = 0, repeats: int = 3) -> Dict[str, Any]:
   """Measures one row: `compare_decoders` plus the analysis' prediction."""
-  target = load_cached(row.target, row.mesh)
-  draft = load_cached(row.draft, row.mesh, role='draft')
+  target, draft = load_pair(row.target, row.draft, row.mesh)
   enc, _ = row.data.load(row.num_examples)
   batches = timing_batches(enc, row.batch_size)
   if costs is None:
@@ -270,7 +270,7 @@ def acceptance(target_spec: specs.ModelSpec, draft_spec: specs.ModelSpec,
                num_examples: int = 32, batch_size: int = 16,
                max_decode_len: int = 48, seed: int = 0) -> Dict[str, float]:
   """Alpha of a draft against a target on held-out inputs (Table 3)."""
-  target, draft = load_cached(target_spec), load_cached(draft_spec)
+  target, draft = load_pair(target_spec, draft_spec)
   enc, _ = data.load(num_examples)
   results = [
       generation.generate(

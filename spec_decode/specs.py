@@ -16,6 +16,7 @@ import numpy as np
 from spec_decode import checkpoints
 from spec_decode import evaluation
 from spec_decode import hf_checkpoints
+from spec_decode import device_mesh
 from spec_decode import partitioning
 from spec_decode import pretrained
 from spec_decode.data import tasks
@@ -96,7 +97,7 @@ class MeshSpec:
   Attributes:
     num_partitions: Model-parallel size (T5X's `num_partitions`); 'auto'
       picks the smallest that leaves the target's parameters a fair share
-      of a device's memory (`partitioning.choose_num_partitions`). With 1
+      of a device's memory (`device_mesh.choose_num_partitions`). With 1
       on a single device nothing is sharded.
     logical_axis_rules: (logical axis, mesh axis) pairs replacing T5X's
       standard rules; None keeps them.
@@ -113,27 +114,30 @@ class MeshSpec:
     """The mesh and rules for `target`, or None for one unsharded device."""
     count = self.num_partitions
     if count == 'auto':
-      count = partitioning.choose_num_partitions(
+      count = device_mesh.choose_num_partitions(
           parameter_count(param_shapes(target)) * np.dtype(
               jnp.dtype(dtype)).itemsize, target.num_heads)
     if (count == 1 and jax.device_count() == 1
         and self.logical_axis_rules is None):
       return None
     return partitioning.Partitioning.create(
-        partitioning.make_mesh(count), self.logical_axis_rules)
+        device_mesh.make_mesh(count), self.logical_axis_rules)
+
+  def plans(self, target: ModelSpec
+            ) -> Tuple[Optional[partitioning.Partitioning],
+                       Optional[partitioning.Partitioning]]:
+    """The target's partitioning and the draft's: the same one with
+    `shard_draft`, else None (`generate` replicates the draft over the
+    target's mesh)."""
+    plan = self.build(target.model_config(), target.dtype)
+    return plan, (plan if self.shard_draft else None)
 
   def load(self, target: ModelSpec, draft: Optional[ModelSpec]
            ) -> Tuple[Model, Optional[Model]]:
-    """Loads both models, the target straight into its shards.
-
-    An unsharded draft is replicated over the target's mesh by `generate`.
-    """
-    plan = self.build(target.model_config(), target.dtype)
-    target_model = target.load(plan)
-    draft_model = None
-    if draft is not None:
-      draft_model = draft.load(plan if self.shard_draft else None)
-    return target_model, draft_model
+    """Loads both models, the target straight into its shards."""
+    target_plan, draft_plan = self.plans(target)
+    return (target.load(target_plan),
+            None if draft is None else draft.load(draft_plan))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,20 +2,20 @@
 
 Training reports these at every evaluation; `scripts/agreement.py` computes
 the agreement of any draft the same way, without an optimizer. The eval step
-is the training loss without dropout or gradients (see `train.make_loss_fn`).
+is the training loss without dropout or gradients (`losses.make_loss_fn`).
 """
 
 import os
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional
 
 import jax
 
 from spec_decode.data import batching
 from spec_decode.data import tasks
 
+from spec_decode.losses import LossFn
+
 Array = jax.Array
-# (params, batch, dropout_rng=None) -> (loss, metrics), as `train.make_loss_fn`.
-LossFn = Callable[..., Tuple[Array, Dict[str, Array]]]
 EvalStep = Callable[[Any, Dict[str, Any]], Dict[str, Array]]
 
 

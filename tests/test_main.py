@@ -78,7 +78,7 @@ def test_main_cli_takes_gin_flags(tmp_path):
 
 @pytest.mark.parametrize('command', [
     ['-m', 'spec_decode.main'], ['-m', 'spec_decode.infer'],
-    ['scripts/reproduce_paper.py'], ['scripts/memory_plan.py']])
+    ['scripts/reproduce_paper.py'], ['scripts/plan_memory.py']])
 def test_help_lists_the_flags_with_their_help(command):
   result = subprocess.run([sys.executable, *command, '--help'], cwd=ROOT,
                           capture_output=True, text=True, check=False)
@@ -88,3 +88,15 @@ def test_help_lists_the_flags_with_their_help(command):
                       ('multiprocess', 'jax.distributed.initialize')):
     assert flag in result.stdout
     assert words in result.stdout
+
+
+def test_console_scripts_are_the_module_entry_points():
+  from importlib import metadata  # pylint: disable=g-import-not-at-top
+  from spec_decode import infer  # pylint: disable=g-import-not-at-top
+  scripts = {entry.name: entry for entry in
+             metadata.entry_points(group='console_scripts')
+             if entry.value.startswith('spec_decode.')}
+  if not scripts:
+    pytest.skip('spec_decode is not installed (pip install -e .)')
+  assert scripts['spec-decode'].load() is main.cli
+  assert scripts['spec-decode-infer'].load() is infer.cli

@@ -54,7 +54,7 @@ def test_more_partitions_than_devices_is_a_clear_error():
 def test_script_plans_a_local_row_over_two_partitions(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   result = subprocess.run(
-      [sys.executable, 'scripts/memory_plan.py',
+      [sys.executable, 'scripts/plan_memory.py',
        '--rows=configs/local/ende_t0_tiny.gin', '--num_partitions=1,2',
        f'--output_dir={tmp_path}'], cwd=ROOT, env=env, capture_output=True,
       text=True, check=False)

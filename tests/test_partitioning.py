@@ -1,4 +1,4 @@
-"""Meshes, logical axis rules and their errors; the 8-device suite.
+"""Logical axis rules and their errors, placement; the 8-device suite.
 
 Decoding on a mesh is checked in tests/sharded, which needs 8 host devices
 fixed before JAX starts, so the two tests at the end run it in a fresh
@@ -6,7 +6,6 @@ process (fast part in the default run, slow part with -m slow).
 """
 
 import os
-import socket
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec
 
+from spec_decode import device_mesh
 from spec_decode import partitioning
 
 from conftest import random_model
@@ -24,29 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _plan(rules=None) -> partitioning.Partitioning:
-  return partitioning.Partitioning.create(partitioning.make_mesh(1), rules)
-
-
-def test_make_mesh_has_t5x_axes():
-  mesh = partitioning.make_mesh()
-  assert mesh.axis_names == ('data', 'model')
-  assert mesh.shape['model'] == 1
-  assert mesh.shape['data'] == jax.device_count()
-
-
-@pytest.mark.parametrize('bad', [0, -1, 2.0, True])
-def test_make_mesh_rejects_bad_num_partitions(bad):
-  if bad == 2.0 or bad is True:
-    match = 'num_partitions must be a positive integer'
-  else:
-    match = 'num_partitions'
-  with pytest.raises(ValueError, match=match):
-    partitioning.make_mesh(bad)
-
-
-def test_make_mesh_needs_a_divisor_of_the_device_count():
-  with pytest.raises(ValueError, match=r'must divide the number of devices'):
-    partitioning.make_mesh(jax.device_count() + 1)
+  return partitioning.Partitioning.create(device_mesh.make_mesh(1), rules)
 
 
 def test_standard_rules_follow_t5x():
@@ -96,7 +74,7 @@ def test_single_device_mesh_decodes_as_without_one():
   import spec_decode as sd  # pylint: disable=g-import-not-at-top
   model = random_model()
   tokens = np.array([[5, 6, 7, 0], [9, 3, 0, 0], [4, 4, 4, 4]], np.int32)
-  sharded = model.shard(partitioning.make_mesh(1, jax.devices()[:1]))
+  sharded = model.shard(device_mesh.make_mesh(1, jax.devices()[:1]))
   for kwargs in (dict(), dict(draft=model, gamma=2)):
     np.testing.assert_array_equal(
         sd.generate(sharded, tokens, max_decode_len=6, **kwargs).tokens,
@@ -131,22 +109,3 @@ def test_sharded_suite_on_8_host_devices():
 def test_sharded_suite_on_8_host_devices_slow():
   """Temperature 1 on every mesh."""
   _sharded_suite('slow')
-
-
-@pytest.mark.slow
-def test_two_processes_decode_over_one_mesh():
-  """The multi-host path (TPU VM slices): rows fed per process, results
-  gathered on every process, equal to decoding on one device."""
-  with socket.socket() as s:
-    s.bind(('localhost', 0))
-    port = s.getsockname()[1]
-  worker = os.path.join(ROOT, 'tests', 'sharded', 'multiprocess_worker.py')
-  env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
-  processes = [subprocess.Popen(
-      [sys.executable, worker, str(port), str(index)], cwd=ROOT, env=env,
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-               for index in range(2)]
-  outputs = [p.communicate(timeout=600)[0] for p in processes]
-  for index, (process, output) in enumerate(zip(processes, outputs)):
-    assert process.returncode == 0, output[-4000:]
-    assert f'OK {index}' in output, output[-4000:]

@@ -217,7 +217,7 @@ class Model:
     """This model with its parameters split over a device mesh.
 
     Args:
-      mesh: A ('data', 'model') mesh (`partitioning.make_mesh`).
+      mesh: A ('data', 'model') mesh (`device_mesh.make_mesh`).
       rules: Logical axis rules as T5X's `logical_axis_rules`; default
         T5X's standard rules (vocab, mlp, heads, joined_kv over 'model').
         `partitioning.data_parallel_rules()` replicates the model over

@@ -19,11 +19,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
-from spec_decode import partitioning
+from spec_decode import device_mesh
 
 
 def main(port: str, process_id: str) -> None:
-  partitioning.initialize_multiprocess(f'localhost:{port}', 2,
+  device_mesh.initialize_multiprocess(f'localhost:{port}', 2,
                                        int(process_id))
   import spec_decode as sd
   from spec_decode.model import truncated_model
@@ -41,7 +41,7 @@ def main(port: str, process_id: str) -> None:
     expected = [np.asarray(sd.generate(target, tokens, max_decode_len=8,
                                        **kwargs).tokens)
                 for kwargs in (dict(), dict(draft=draft, gamma=3))]
-  sharded = target.shard(partitioning.make_mesh(num_partitions=4))
+  sharded = target.shard(device_mesh.make_mesh(num_partitions=4))
   for want, kwargs in zip(expected, (dict(), dict(draft=draft, gamma=3))):
     got = sd.generate(sharded, tokens, max_decode_len=8, **kwargs)
     np.testing.assert_array_equal(np.asarray(got.tokens), want)

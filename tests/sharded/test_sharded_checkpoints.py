@@ -8,7 +8,7 @@ import pytest
 
 import spec_decode as sd
 from spec_decode import checkpoints
-from spec_decode import partitioning
+from spec_decode import device_mesh
 from spec_decode.model import truncated_model
 
 from tests.conftest import golden
@@ -36,7 +36,7 @@ def test_zarr_fixture_loads_into_a_2x4_mesh_shard_by_shard(monkeypatch):
     return value
 
   monkeypatch.setattr(checkpoints, '_read_slice', counting_read)
-  mesh = partitioning.make_mesh(num_partitions=4)
+  mesh = device_mesh.make_mesh(num_partitions=4)
   sharded = _flat(sd.load_t5x_checkpoint(ZARR, config, mesh=mesh))
   assert sorted(sharded) == sorted(whole)
   for key, value in sharded.items():
@@ -68,7 +68,7 @@ def test_fixture_decodes_on_the_mesh_as_on_one_device(shape):
   tokens = np.concatenate([tokens, tokens[::-1], tokens[:2]])  # batch 8
   model = sd.Model(config, sd.load_t5x_checkpoint(ZARR, config))
   draft = truncated_model(model, 1)
-  mesh = partitioning.make_mesh(num_partitions=shape[1])
+  mesh = device_mesh.make_mesh(num_partitions=shape[1])
   sharded = sd.Model(config, sd.load_t5x_checkpoint(ZARR, config, mesh=mesh))
   sharded = sharded.shard(mesh)  # Already placed: shard() keeps it.
   for kwargs in (dict(), dict(draft=draft, gamma=3)):
@@ -80,13 +80,13 @@ def test_fixture_decodes_on_the_mesh_as_on_one_device(shape):
 @requires_fixtures
 def test_fixture_on_8_way_model_parallelism_names_the_parameter():
   config = tiny_config()  # joined_kv = 4 heads x 3 = 12: not 8-divisible.
-  mesh = partitioning.make_mesh(num_partitions=8)
+  mesh = device_mesh.make_mesh(num_partitions=8)
   with pytest.raises(ValueError, match=r"num_heads.*size 4.*'model' of size 8"):
     sd.load_t5x_checkpoint(ZARR, config, mesh=mesh)
 
 
 def test_mesh_without_config_is_refused():
-  mesh = partitioning.make_mesh(num_partitions=2)
+  mesh = device_mesh.make_mesh(num_partitions=2)
   with pytest.raises(ValueError, match='mesh needs config'):
     sd.load_t5x_checkpoint(ZARR, mesh=mesh)
 

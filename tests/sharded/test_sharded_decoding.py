@@ -8,6 +8,7 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import spec_decode as sd
+from spec_decode import device_mesh
 from spec_decode import partitioning
 from spec_decode import speculative
 from spec_decode.model import init_cache
@@ -41,7 +42,7 @@ def _eos_inside_horizon(model: sd.Model, tokens: np.ndarray) -> int:
 
 
 def _mesh(shape):
-  return partitioning.make_mesh(num_partitions=shape[1])
+  return device_mesh.make_mesh(num_partitions=shape[1])
 
 
 @pytest.mark.parametrize('shape, batch', [

@@ -4,6 +4,7 @@ import jax.numpy as jnp
 import pytest
 
 from spec_decode import memory_plan
+from spec_decode import device_mesh
 from spec_decode import partitioning
 from spec_decode.model import param_shapes
 from spec_decode.model import parameter_count
@@ -13,7 +14,7 @@ from spec_decode.model import t5_config
 @pytest.mark.parametrize('num_partitions', [1, 4, 8])
 def test_xxl_parameter_bytes_per_device_are_a_model_share(num_partitions):
   config = t5_config('t5_1_1_xxl', dtype='bfloat16')
-  mesh = partitioning.make_mesh(num_partitions)
+  mesh = device_mesh.make_mesh(num_partitions)
   plan = partitioning.Partitioning.create(mesh)
   abstract = memory_plan._abstract_params(config, plan, jnp.bfloat16)  # pylint: disable=protected-access
   per_device = memory_plan._per_device_bytes(abstract)  # pylint: disable=protected-access

@@ -1,7 +1,7 @@
 r"""Per-device memory of each paper row at several model-parallel sizes.
 
-  python scripts/memory_plan.py --rows=configs/paper --num_partitions=1,4,8
-  python scripts/memory_plan.py --rows=configs/paper/ende_t0_small.gin \
+  python scripts/plan_memory.py --rows=configs/paper --num_partitions=1,4,8
+  python scripts/plan_memory.py --rows=configs/paper/ende_t0_small.gin \
       --num_partitions=8 --gin.reproduce.ComparisonRow.batch_size=32
 
 Compiles the speculative loop of every row on abstract shapes (no weights,
