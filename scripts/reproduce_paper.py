@@ -10,6 +10,10 @@ r"""Reproduces the paper's tables: one command per table.
   # Token vs block verification x fixed vs adaptive draft length (+ PNG):
   python scripts/reproduce_paper.py --table=verification \
       --gin_file=local/verification.gin
+  # Block vs token verification, tokens per target call seed by seed
+  # (counts only, so more inputs and seeds than the timed comparison):
+  python scripts/reproduce_paper.py --table=block_gain \
+      --gin_file=local/verification.gin
   # Any of them with --gin_dry_run prints what would be loaded and stops.
 
 Writes <output_dir>/table<N>.{json,csv,md} and prints the Markdown table.
@@ -25,7 +29,8 @@ from spec_decode import reproduce
 from spec_decode import sweeps
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum('table', '2', ['2', '3', 'lenience', 'verification'],
+flags.DEFINE_enum('table', '2',
+                  ['2', '3', 'lenience', 'verification', 'block_gain'],
                   'Which table.')
 flags.DEFINE_multi_string('rows', [],
                           'Table 2: row gin files, or folders of them.')
@@ -51,6 +56,9 @@ VERIFICATION_COLUMNS = [
     'task', 'temperature', 'batch_size', 'verification', 'draft_length',
     'alpha', 'tokens_per_target_call', 'measured_speedup',
     'predicted_speedup_at_lengths', 'identical_rows', 'rows']
+BLOCK_GAIN_COLUMNS = [
+    'task', 'temperature', 'batch_size', 'draft_length', 'seed', 'token',
+    'block', 'block_gain', 'block_gain_std', 'seeds_block_ahead']
 
 
 def load_row(path):
@@ -107,6 +115,23 @@ def main(argv):
 
       results = sweeps.verification_comparison(comparison, on_row)
       columns = VERIFICATION_COLUMNS
+    elif FLAGS.table == 'block_gain':
+      comparison = gin_utils.build(sweeps.VerificationComparison)
+      print(comparison.describe())
+      if FLAGS.gin_dry_run:
+        return
+      sampled = sum(row.temperature > 0 for row in comparison.rows)
+      progress = report.Progress('seeds', 2 * sampled * len(comparison.seeds))
+
+      def on_seed(r):
+        print(f"  {r['task']} T={r['temperature']} {r['draft_length']} "
+              f"seed {r['seed']}: token {r['token']:.3f}, block "
+              f"{r['block']:.3f} tokens/call ({r['block_gain']:+.3f})",
+              flush=True)
+        progress.step()
+
+      results = sweeps.block_gain(comparison, on_seed)
+      columns = BLOCK_GAIN_COLUMNS
     else:
       sweep = gin_utils.build(sweeps.Sweep)
       print(sweep.describe())

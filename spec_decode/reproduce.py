@@ -268,15 +268,22 @@ def measure_row(row: ComparisonRow, costs: Optional[Dict[str, float]] = None,
 def acceptance(target_spec: specs.ModelSpec, draft_spec: specs.ModelSpec,
                data: specs.DataSpec, temperature: float, gamma: int = 3,
                num_examples: int = 32, batch_size: int = 16,
-               max_decode_len: int = 48, seed: int = 0) -> Dict[str, float]:
-  """Alpha of a draft against a target on held-out inputs (Table 3)."""
+               max_decode_len: int = 48, seed: int = 0,
+               decode_options: Optional[Dict[str, Any]] = None
+               ) -> Dict[str, float]:
+  """Alpha of a draft against a target on held-out inputs (Table 3).
+
+  Counts only, no timing. `decode_options` are extra speculative `generate`
+  options (`ComparisonRow.decode_options`: verification, draft stop).
+  """
   target, draft = load_pair(target_spec, draft_spec)
   enc, _ = data.load(num_examples)
   results = [
       generation.generate(
           target, batch, max_decode_len=max_decode_len,
           temperature=temperature, draft=draft, gamma=gamma,
-          rng=jax.random.fold_in(jax.random.PRNGKey(seed), index))
+          rng=jax.random.fold_in(jax.random.PRNGKey(seed), index),
+          **(decode_options or {}))
       for index, batch in enumerate(timing_batches(enc, batch_size))]
   return analysis.summarize_result(results)
 

@@ -9,6 +9,8 @@ decoding interleaved after compilation, with the row's own costs.
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from spec_decode import reproduce
 
 
@@ -110,15 +112,30 @@ class VerificationComparison:
     adaptive_gamma: The adaptive rule's most proposals per iteration (it
       stops sooner when unsure, so it can afford more than the fixed
       gamma); None uses the row's gamma.
+    seeds: Sampling seeds of `block_gain` (tokens per call, no timing).
+    gain_examples: Inputs per seed and rule in `block_gain`.
+    gain_batch_size: Rows decoded together in `block_gain` (acceptance
+      is a per-row figure; a larger batch only makes counting faster).
   """
   rows: Tuple[reproduce.ComparisonRow, ...]
   batch_sizes: Tuple[int, ...] = (1, 8)
   verifications: Tuple[str, ...] = ('token', 'block')
   draft_stop: Tuple[str, float] = ('confidence', 0.4)
   adaptive_gamma: Optional[int] = None
+  seeds: Tuple[int, ...] = (0, 1, 2, 3, 4)
+  gain_examples: int = 64
+  gain_batch_size: int = 16
 
   def describe(self) -> str:
     return '\n'.join(row.describe() for row in self.rows)
+
+  def draft_lengths(self, row: reproduce.ComparisonRow
+                    ) -> List[reproduce.ComparisonRow]:
+    """`row` with its fixed gamma, then with the adaptive rule."""
+    stop_rule, threshold = self.draft_stop
+    return [row, dataclasses.replace(
+        row, gamma=self.adaptive_gamma or row.gamma, draft_stop=stop_rule,
+        draft_threshold=threshold)]
 
   def settings(self) -> List[reproduce.ComparisonRow]:
     """Every (row, batch size, verification, draft length) to measure."""
@@ -129,14 +146,18 @@ class VerificationComparison:
             row, batch_size=batch_size,
             num_examples=max(row.num_examples, 2 * batch_size))
         for verification in self.verifications:
-          for stop in (None, self.draft_stop):
-            settings.append(dataclasses.replace(
-                sized, verification=verification,
-                gamma=(self.adaptive_gamma or row.gamma) if stop
-                else row.gamma,
-                draft_stop=stop[0] if stop else None,
-                draft_threshold=stop[1] if stop else None))
+          for setting in self.draft_lengths(sized):
+            settings.append(dataclasses.replace(setting,
+                                                verification=verification))
     return settings
+
+
+def draft_length_label(row: reproduce.ComparisonRow) -> str:
+  """'fixed 4' or 'adaptive (confidence 0.4, <= 6)'."""
+  if row.draft_stop:
+    return (f'adaptive ({row.draft_stop} {row.draft_threshold}, '
+            f'<= {row.gamma})')
+  return f'fixed {row.gamma}'
 
 
 def verification_comparison(comparison: VerificationComparison,
@@ -156,11 +177,66 @@ def verification_comparison(comparison: VerificationComparison,
     row = settings[label.done]
     label.done += 1
     result['task'] = row.data.task
-    result['draft_length'] = (
-        f'adaptive ({row.draft_stop} {row.draft_threshold}, <= {row.gamma})'
-        if row.draft_stop else f'fixed {row.gamma}')
+    result['draft_length'] = draft_length_label(row)
     if on_row is not None:
       on_row(result)
 
   label.done = 0
   return measure_rows(settings, label)
+
+
+def block_gain(comparison: VerificationComparison,
+               on_row: OnRow = None) -> List[Dict[str, Any]]:
+  """Tokens per target call, block vs token verification, seed by seed.
+
+  Counts only (no timing), so it affords more inputs and seeds than the
+  timed comparison: every sampled row (temperature > 0) of `comparison`, at
+  each of its draft lengths, decodes `gain_examples` inputs under each rule
+  with the same seeds. Greedy rows are left out: there both rules accept
+  exactly the tokens that match the target's argmax.
+
+  Args:
+    comparison: The rows, draft lengths, seeds and sizes.
+    on_row: Called with each (setting, seed) result as it is measured.
+
+  Returns:
+    One dict per (row, draft length, seed): `token` and `block` tokens per
+    target call and `block_gain` (block minus token); then one summary per
+    (row, draft length), seed 'mean', with the means, `block_gain_std`
+    (standard deviation across seeds) and `seeds_block_ahead`.
+  """
+  per_seed, summaries = [], []
+  for row in comparison.rows:
+    if row.temperature <= 0:
+      continue
+    for setting in comparison.draft_lengths(row):
+      labels = {'task': row.data.task, 'temperature': row.temperature,
+                'batch_size': comparison.gain_batch_size,
+                'draft_length': draft_length_label(setting)}
+      results = []
+      for seed in comparison.seeds:
+        counts = {
+            verification: reproduce.acceptance(
+                row.target, row.draft, row.data, row.temperature,
+                gamma=setting.gamma, num_examples=comparison.gain_examples,
+                batch_size=comparison.gain_batch_size,
+                max_decode_len=row.max_decode_len, seed=seed,
+                decode_options=dataclasses.replace(
+                    setting, verification=verification).decode_options()
+            )['tokens_per_target_call']
+            for verification in ('token', 'block')}
+        results.append({**labels, 'seed': seed, **counts,
+                        'block_gain': counts['block'] - counts['token']})
+        if on_row is not None:
+          on_row(results[-1])
+      gains = np.asarray([r['block_gain'] for r in results])
+      summaries.append({
+          **labels, 'seed': 'mean',
+          'token': float(np.mean([r['token'] for r in results])),
+          'block': float(np.mean([r['block'] for r in results])),
+          'block_gain': float(gains.mean()),
+          'block_gain_std': float(gains.std(ddof=1)) if len(gains) > 1
+                            else 0.0,
+          'seeds_block_ahead': int((gains > 0).sum())})
+      per_seed.extend(results)
+  return per_seed + summaries

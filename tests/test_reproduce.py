@@ -1,11 +1,13 @@
 """gin configs parse and build without touching the network; tables write."""
 
+import dataclasses
 import glob
 import os
 import subprocess
 import sys
 
 import gin
+import numpy as np
 import pytest
 
 from spec_decode import gin_utils
@@ -155,3 +157,34 @@ def test_verification_comparison_builds_every_setting(monkeypatch):
   assert {s.data.task for s in settings} == {'translate_en_de', 'summarize'}
   assert all(s.num_examples >= 2 * s.batch_size for s in settings)
   assert {s.draft_threshold for s in settings if s.draft_stop} == {0.4}
+
+
+def test_block_gain_pairs_the_rules_seed_by_seed(monkeypatch):
+  comparison = dataclasses.replace(
+      _build(os.path.join(CONFIGS, 'local', 'verification.gin'),
+             sweeps.VerificationComparison, monkeypatch), seeds=(0, 1, 2))
+  calls = []
+
+  def fake_acceptance(target, draft, data, temperature, *, gamma,
+                      num_examples, batch_size, max_decode_len, seed,
+                      decode_options):
+    calls.append((data.task, temperature, gamma, seed, decode_options))
+    # Block gains 0.1 per call on every seed but the last.
+    gain = 0.1 if decode_options['verification'] == 'block' and seed < 2 else 0
+    return {'tokens_per_target_call': 1.5 + gain}
+
+  monkeypatch.setattr(reproduce, 'acceptance', fake_acceptance)
+  rows = sweeps.block_gain(comparison)
+  # Greedy rows are skipped: 2 sampled rows x 2 draft lengths x 3 seeds.
+  assert {c[1] for c in calls} == {1.0}
+  assert len(calls) == 2 * 2 * 3 * 2
+  assert {c[4]['verification'] for c in calls} == {'token', 'block'}
+  assert {(c[2], c[4]['draft_stop']) for c in calls} == {
+      (4, None), (6, 'confidence')}
+  summaries = [r for r in rows if r['seed'] == 'mean']
+  assert len(rows) == 4 * 3 + len(summaries) and len(summaries) == 4
+  for summary in summaries:
+    np.testing.assert_allclose(summary['block_gain'], 0.2 / 3)
+    np.testing.assert_allclose(summary['block_gain_std'],
+                               np.std([0.1, 0.1, 0.0], ddof=1))
+    assert summary['seeds_block_ahead'] == 2
