@@ -15,6 +15,12 @@ read from the cache). Then, at batch 1 on one held-out En->De input:
     per loop step, from the difference between a full-length call and a
     one-step call;
 so the loop's own overhead beyond the model calls can be read off.
+
+With --layer_profile, also where a K-token call's time goes: the K-curve of
+the target cut to 0 decoder layers (embedding, final norm and logits) and
+with all of them, so one decoder layer's cost at each K, its weight
+streaming rate at K = 1 (the memory bound) and its arithmetic rate at the
+largest K (the compute bound) can be read off.
 """
 
 from absl import app
@@ -27,6 +33,8 @@ from spec_decode import costs
 from spec_decode import evaluation
 from spec_decode import pretrained
 from spec_decode.data import tasks
+from spec_decode.model import parameter_count
+from spec_decode.model import truncated_model
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
@@ -36,6 +44,37 @@ flags.DEFINE_integer('example', 3, 'Index of the En->De test example.')
 flags.DEFINE_integer('max_decode_len', 48, 'Output limit.')
 flags.DEFINE_integer('repeats', 9, 'Timed calls per decoder.')
 flags.DEFINE_integer('max_k', 8, 'Largest chunk of the K-curve.')
+flags.DEFINE_bool('layer_profile', False, 'Also split each K-token call '
+                  'into one decoder layer and the rest (about 1 min more).')
+
+
+def layer_profile(target, draft) -> None:
+  """Prints one decoder layer's cost and the rest's, per K (see above)."""
+  layers = target.config.num_decoder_layers
+  empty = truncated_model(target, 0)
+  seconds = {}
+  for name, model in (('no decoder layers', empty), ('all layers', target)):
+    profile = costs.measure_profile(model, draft, 1, FLAGS.max_k - 1,
+                                    repeats=FLAGS.repeats)
+    seconds[name] = np.asarray(profile.verify_seconds)
+  rest = seconds['no decoder layers']
+  layer = (seconds['all layers'] - rest) / layers
+  layer_params = parameter_count(target.params['decoder']['layers_0'])
+  layer_bytes = layer_params * np.dtype(target.config.dtype).itemsize
+  ks = range(1, FLAGS.max_k + 1)
+  print('K:                                     ' +
+        ' '.join(f'{k:6d}' for k in ks))
+  print('embedding + final norm + logits, ms:   ' +
+        ' '.join(f'{1e3 * v:6.2f}' for v in rest))
+  print(f'one decoder layer (of {layers}), ms:        ' +
+        ' '.join(f'{1e3 * v:6.2f}' for v in layer))
+  print('one decoder layer over its K = 1 cost: ' +
+        ' '.join(f'{v / layer[0]:6.2f}' for v in layer))
+  # Two flops per weight per token (the attention over the cache is small).
+  print(f'a layer holds {layer_bytes / 1e6:.1f} MB of weights: streamed at '
+        f'{layer_bytes / layer[0] / 1e9:.1f} GB/s at K = 1; '
+        f'{2 * layer_params * FLAGS.max_k / layer[-1] / 1e9:.1f} GFLOP/s '
+        f'at K = {FLAGS.max_k}')
 
 
 def main(argv):
@@ -51,6 +90,8 @@ def main(argv):
         ' '.join(f'{k}:{profile.verify_cost(k - 1):.2f}'
                  for k in range(1, FLAGS.max_k + 1)) +
         f'; c = {profile.c:.4f}')
+  if FLAGS.layer_profile:
+    layer_profile(target, draft)
   source = tasks.load_pairs('translate_en_de', 'test')[FLAGS.example][0]
   enc = evaluation.trim_padding(evaluation.encode_inputs(
       pretrained.vocabulary(), 'translate_en_de', [source], 64))
