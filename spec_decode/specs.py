@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import checkpoints
+from spec_decode import device_mesh
 from spec_decode import evaluation
 from spec_decode import hf_checkpoints
-from spec_decode import device_mesh
 from spec_decode import partitioning
 from spec_decode import pretrained
 from spec_decode.data import tasks
