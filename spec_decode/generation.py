@@ -157,7 +157,7 @@ def _place_on_mesh(model: Model, draft: Optional[Model], tokens: np.ndarray
     elif draft.partitioning.mesh != plan.mesh:
       raise ValueError('draft is sharded over a different mesh than model; '
                        'shard both over the same mesh.')
-  padded = partitioning_lib.pad_rows(tokens, plan.data_size)
+  padded = partitioning_lib.repeat_rows_to_multiple(tokens, plan.data_size)
   return model, draft, partitioning_lib.shard_batch(padded, plan)
 
 

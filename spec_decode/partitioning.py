@@ -298,11 +298,15 @@ def constrain_rows(tree: Any) -> Any:
           x, ('batch',) + (None,) * (np.ndim(x) - 1)), tree)
 
 
-def pad_rows(tokens: np.ndarray, multiple: int) -> np.ndarray:
+def repeat_rows_to_multiple(tokens: np.ndarray, multiple: int
+                            ) -> np.ndarray:
   """Repeats the last row until the batch divides `multiple`.
 
   A row's output does not depend on the others (own rng stream, own
-  cache), so the caller slices the real rows back out unchanged.
+  cache), so the caller slices the real rows back out unchanged. Copies of
+  a real row, not all-padding rows (`tasks.pad_rows`): the loop runs until
+  every row is done, and a copy ends with its original, while a padding
+  row might decode all the way to max_decode_len.
 
   Args:
     tokens: [batch, length] host array.

@@ -81,12 +81,12 @@ def test_single_device_mesh_decodes_as_without_one():
         sd.generate(model, tokens, max_decode_len=6, **kwargs).tokens)
 
 
-def test_pad_rows_repeats_the_last_row():
+def test_repeat_rows_to_multiple_repeats_the_last_row():
   tokens = np.arange(6, dtype=np.int32).reshape(3, 2)
-  padded = partitioning.pad_rows(tokens, 4)
+  padded = partitioning.repeat_rows_to_multiple(tokens, 4)
   assert padded.shape == (4, 2)
   np.testing.assert_array_equal(padded[3], tokens[2])
-  assert partitioning.pad_rows(tokens, 3) is tokens
+  assert partitioning.repeat_rows_to_multiple(tokens, 3) is tokens
 
 
 def _sharded_suite(marker: str) -> None:
