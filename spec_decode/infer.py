@@ -14,7 +14,6 @@ accepted draft tokens.
 
 import dataclasses
 import json
-import os
 import sys
 import time
 from typing import Dict, Iterable, List, Optional, Union
@@ -26,7 +25,6 @@ import numpy as np
 from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import gin_utils
-from spec_decode import pretrained
 from spec_decode import report
 from spec_decode import specs
 
@@ -50,10 +48,7 @@ class InferConfig:
     max_decode_len: Output length limit.
     seed: Sampling seed.
     vocabulary: SentencePiece model file of the target's vocabulary; None is
-      the `spiece.model` of a Hugging Face target folder when it has one,
-      else the shipped one (`spec_decode.pretrained.vocabulary()`). A T5X
-      checkpoint of T5 needs T5's own (`sentencepiece.model` of
-      `cc_all.32000`), copied locally.
+      the target's own (`specs.ModelSpec.vocabulary`).
     mesh: How the models are laid out over devices (`specs.MeshSpec`).
   """
   target: specs.ModelSpec = specs.ModelSpec(
@@ -87,24 +82,9 @@ def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
     raise ValueError('sources: expected at least one input, got none.')
   if config.batch_size < 1:
     raise ValueError(f'batch_size must be >= 1, got {config.batch_size}.')
-  vocabulary_file = config.vocabulary
-  hf_folder = config.target.hf_checkpoint
-  if (vocabulary_file is None and hf_folder
-      and os.path.isfile(os.path.join(hf_folder, 'spiece.model'))):
-    vocabulary_file = os.path.join(hf_folder, 'spiece.model')
-  if vocabulary_file is None:
-    vocabulary = pretrained.vocabulary()
-  else:
-    from spec_decode.data.tokenizer import Vocabulary  # pylint: disable=g-import-not-at-top
-    vocabulary = Vocabulary(vocabulary_file)
+  vocabulary = config.target.vocabulary(config.vocabulary)
   target, draft = config.mesh.load(config.target, config.draft)
-  # Models pad their embedding tables (T5's 32,100 pieces live in 32,128
-  # rows), so the vocabulary may be smaller than the model, never larger.
-  if vocabulary.vocab_size > target.config.vocab_size:
-    raise ValueError(
-        f'vocabulary has {vocabulary.vocab_size} pieces but the target only '
-        f'{target.config.vocab_size} embeddings; set vocabulary to the '
-        "target's SentencePiece model.")
+  specs.check_vocabulary(vocabulary, target)
   rng = jax.random.PRNGKey(config.seed)
   results = []
   for start in range(0, len(sources), config.batch_size):

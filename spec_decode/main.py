@@ -33,7 +33,6 @@ import jax
 from spec_decode import costs as costs_lib
 from spec_decode import evaluation
 from spec_decode import gin_utils
-from spec_decode import pretrained
 from spec_decode import report as report_lib
 from spec_decode import reproduce
 from spec_decode import specs
@@ -45,8 +44,9 @@ class MainConfig:
   """What the main job runs (bind from gin as `main.MainConfig.X`).
 
   Attributes:
-    target: Shipped target model name.
-    draft: Shipped draft model name.
+    target: The target (`specs.ModelSpec`: a shipped model, a T5X
+      checkpoint or a Hugging Face folder, as `infer` takes).
+    draft: The draft.
     tasks: Tasks to decode.
     num_examples: Test examples per task (batch 1 each).
     first_example: Index of the first test example used (e.g. past the
@@ -65,9 +65,13 @@ class MainConfig:
       median counts (shared machines are noisy).
     num_partitions: Model-parallel size of the target over the devices
       (`specs.MeshSpec`); 1 on one device shards nothing.
+    vocabulary: SentencePiece model file of the target's vocabulary; None is
+      the target's own (`specs.ModelSpec.vocabulary`).
   """
-  target: str = 't5_local_target'
-  draft: str = 't5_local_draft_tiny'
+  target: specs.ModelSpec = specs.ModelSpec(
+      label='local target', pretrained='t5_local_target')
+  draft: specs.ModelSpec = specs.ModelSpec(
+      label='local draft (tiny)', pretrained='t5_local_draft_tiny')
   tasks: Tuple[str, ...] = ('translate_en_de', 'summarize')
   num_examples: int = 32
   first_example: int = 0
@@ -80,6 +84,7 @@ class MainConfig:
   seed: int = 0
   timing_repeats: int = 3
   num_partitions: Union[int, str] = 1
+  vocabulary: Optional[str] = None
 
 
 def _log(message: str) -> None:
@@ -168,11 +173,11 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
     raise ValueError(f"gamma must be 'auto' or a positive integer, got "
                      f'{config.gamma!r}.')
   start = time.time()
-  _log(f'loading {config.target} and {config.draft}')
-  target, draft = specs.MeshSpec(config.num_partitions).load(
-      specs.ModelSpec(config.target, pretrained=config.target),
-      specs.ModelSpec(config.draft, pretrained=config.draft))
-  vocabulary = pretrained.vocabulary()
+  _log(f'loading {config.target.describe()} and {config.draft.describe()}')
+  target, draft = specs.MeshSpec(config.num_partitions).load(config.target,
+                                                             config.draft)
+  vocabulary = config.target.vocabulary(config.vocabulary)
+  specs.check_vocabulary(vocabulary, target)
   _log(f'target: {target}')
   _log(f'draft:  {draft}')
   machine = costs_lib.machine_description()

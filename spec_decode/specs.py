@@ -7,7 +7,8 @@ comparisons (`reproduce`) and the gin files in `configs/models/`,
 """
 
 import dataclasses
-from typing import List, Optional, Tuple, Union
+import os
+from typing import Any, List, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -41,7 +42,7 @@ class ModelSpec:
       sets its own).
     hf_checkpoint: A Hugging Face T5 folder (config.json, safetensors);
       config and EOS id come from its config.json, and its spiece.model,
-      when present, is the vocabulary `infer` uses.
+      when present, is its vocabulary (`vocabulary`).
   """
   label: str
   pretrained: Optional[str] = None
@@ -72,6 +73,25 @@ class ModelSpec:
                        'and checkpoint.')
     return self.config.replace(dtype=self.dtype)
 
+  def vocabulary(self, path: Optional[str] = None) -> Any:
+    """The model's SentencePiece vocabulary (`data.tokenizer.Vocabulary`).
+
+    Args:
+      path: A SentencePiece model file; None is the `spiece.model` of a
+        Hugging Face folder when it has one, else the shipped vocabulary
+        (`spec_decode.pretrained.vocabulary()`). A T5X checkpoint of T5
+        needs T5's own (`sentencepiece.model` of `cc_all.32000`), copied
+        locally.
+    """
+    folder = self.hf_checkpoint
+    if (path is None and folder
+        and os.path.isfile(os.path.join(folder, 'spiece.model'))):
+      path = os.path.join(folder, 'spiece.model')
+    if path is None:
+      return pretrained.vocabulary()
+    from spec_decode.data.tokenizer import Vocabulary  # pylint: disable=g-import-not-at-top
+    return Vocabulary(path)
+
   def load(self, plan: Optional[partitioning.Partitioning] = None) -> Model:
     """Loads the model; with `plan`, each device reads only its shards."""
     if self.pretrained:
@@ -88,6 +108,19 @@ class ModelSpec:
       model = Model(config, params, eos_id=self.eos_id)
     # Params read into shards are already placed; shard() records the plan.
     return model if plan is None else model.shard(plan.mesh, plan.rules)
+
+
+def check_vocabulary(vocabulary: Any, target: Model) -> None:
+  """Refuses a vocabulary with more pieces than the target has embeddings.
+
+  Models pad their embedding tables (T5's 32,100 pieces live in 32,128
+  rows), so the vocabulary may be smaller than the model, never larger.
+  """
+  if vocabulary.vocab_size > target.config.vocab_size:
+    raise ValueError(
+        f'vocabulary has {vocabulary.vocab_size} pieces but the target only '
+        f'{target.config.vocab_size} embeddings; set vocabulary to the '
+        "target's SentencePiece model.")
 
 
 @dataclasses.dataclass(frozen=True)
