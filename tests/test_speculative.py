@@ -513,6 +513,23 @@ def test_greedy_block_verification_equals_baseline_full_grid(gamma, batch):
                          verification='block')
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize('gamma', [1, 3, 5, 8])
+@pytest.mark.parametrize('batch', [1, 4, 7])
+def test_greedy_with_draft_stop_equals_baseline_full_grid(gamma, batch):
+  """Both stop rules over the grid, as a checkerboard: each rule meets every
+  gamma and every batch size, under both verification rules (all four
+  pairings at one point: test_greedy_with_draft_stop_equals_baseline)."""
+  enc = random_inputs(batch, 9, 512, seed=10 + batch)
+  cell = [1, 3, 5, 8].index(gamma) + [1, 4, 7].index(batch)
+  rule, threshold = STOP_RULES[cell % 2]
+  verification = ('token', 'block')[[1, 3, 5, 8].index(gamma) % 2]
+  _assert_greedy_equal(_target(), _draft(), enc, gamma,
+                       _eos_inside_horizon(_target(), enc),
+                       verification=verification, draft_stop=rule,
+                       draft_threshold=threshold)
+
+
 @requires_fixtures
 @pytest.mark.slow
 @pytest.mark.parametrize('gamma', [1, 2, 3, 5, 8])
