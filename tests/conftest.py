@@ -72,6 +72,22 @@ def random_model(seed: int = 0, **overrides) -> sd.Model:
   return sd.Model(config, sd.init_params(config, jax.random.PRNGKey(seed)))
 
 
+def saved_model(folder: str, seed: int, **overrides):
+  """A random model with the shipped vocabulary's size, saved as a T5X
+  checkpoint under `folder`; returns its `specs.ModelSpec`."""
+  from spec_decode import specs  # pylint: disable=g-import-not-at-top
+  fields = dict(vocab_size=8000, emb_dim=32, num_heads=2, head_dim=8,
+                mlp_dim=48, num_encoder_layers=1, num_decoder_layers=2,
+                dtype='float32')
+  fields.update(overrides)
+  config = sd.T5Config(**fields)
+  path = os.path.join(folder, f'model_{seed}')
+  sd.save_t5x_checkpoint(path, sd.init_params(config,
+                                              jax.random.PRNGKey(seed)))
+  return specs.ModelSpec(label=f'random {seed}', config=config,
+                         checkpoint=path)
+
+
 def perturbed(model: sd.Model, scale: float, seed: int) -> sd.Model:
   """`model` with Gaussian noise of relative size `scale` on every weight."""
   leaves, treedef = jax.tree_util.tree_flatten(model.params)

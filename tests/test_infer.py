@@ -7,29 +7,17 @@ import pytest
 
 import spec_decode as sd
 from spec_decode import infer
-from spec_decode import specs
+
+from conftest import saved_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCES = ['The house is small.', 'Open the file, then close it.',
            'A command line tool to convert images.']
 
 
-def _saved_model(folder, seed, **overrides):
-  """A random model with the shipped vocabulary's size, as a T5X checkpoint."""
-  fields = dict(vocab_size=8000, emb_dim=32, num_heads=2, head_dim=8,
-                mlp_dim=48, num_encoder_layers=1, num_decoder_layers=2,
-                dtype='float32')
-  fields.update(overrides)
-  config = sd.T5Config(**fields)
-  path = os.path.join(folder, f'model_{seed}')
-  sd.save_t5x_checkpoint(path, sd.init_params(config, jax.random.PRNGKey(seed)))
-  return specs.ModelSpec(label=f'random {seed}', config=config,
-                         checkpoint=path)
-
-
 def test_speculative_run_gives_the_baseline_text(tmp_path):
-  target = _saved_model(str(tmp_path), 0)
-  draft = _saved_model(str(tmp_path), 1, num_decoder_layers=1)
+  target = saved_model(str(tmp_path), 0)
+  draft = saved_model(str(tmp_path), 1, num_decoder_layers=1)
   baseline = infer.infer(infer.InferConfig(target=target, batch_size=2,
                                            max_decode_len=12), SOURCES)
   fast = infer.infer(infer.InferConfig(target=target, draft=draft, gamma=3,
@@ -51,7 +39,7 @@ def test_bad_input_is_named(tmp_path):
 
 
 def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path):
-  small = _saved_model(str(tmp_path), 2, vocab_size=512)
+  small = saved_model(str(tmp_path), 2, vocab_size=512)
   with pytest.raises(ValueError, match='vocabulary has 8000 pieces'):
     infer.infer(infer.InferConfig(target=small), SOURCES)
 

@@ -5,14 +5,13 @@ import os
 import subprocess
 import sys
 
-import jax
 import pytest
 
-import spec_decode as sd
 from spec_decode import costs
 from spec_decode import generation
 from spec_decode import main
-from spec_decode import specs
+
+from conftest import saved_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,28 +56,14 @@ def test_main_job_with_a_fixed_gamma(tmp_path, monkeypatch):
   assert row['predicted_speedup'] > 0
 
 
-def _saved_model(folder, seed, **overrides):
-  """A random model as a T5X checkpoint, and its `specs.ModelSpec`."""
-  fields = dict(vocab_size=8000, emb_dim=16, num_heads=2, head_dim=4,
-                mlp_dim=24, num_encoder_layers=1, num_decoder_layers=2,
-                dtype='float32')
-  fields.update(overrides)
-  config = sd.T5Config(**fields)
-  path = os.path.join(folder, f'model_{seed}')
-  sd.save_t5x_checkpoint(path, sd.init_params(config,
-                                              jax.random.PRNGKey(seed)))
-  return specs.ModelSpec(label=f'random {seed}', config=config,
-                         checkpoint=path)
-
-
 def test_main_job_takes_any_model_spec(tmp_path, monkeypatch):
   # Costs are not what this checks: a made-up profile skips measuring them.
   profile = costs.CostProfile(1e-3, 1e-4, (1e-3,) + (1.5e-3,) * 8)
   monkeypatch.setattr(main.costs_lib, 'cost_profile',
                       lambda *args, **kwargs: profile)
   config = main.MainConfig(
-      target=_saved_model(str(tmp_path), 0),
-      draft=_saved_model(str(tmp_path), 1, num_decoder_layers=1),
+      target=saved_model(str(tmp_path), 0),
+      draft=saved_model(str(tmp_path), 1, num_decoder_layers=1),
       num_examples=2, show_examples=0, max_decode_len=6, gamma=2,
       tasks=('translate_en_de',), temperatures=(0.0,), timing_repeats=1)
   (row,) = main.run(config, str(tmp_path))['rows']
@@ -86,7 +71,7 @@ def test_main_job_takes_any_model_spec(tmp_path, monkeypatch):
 
 
 def test_main_job_refuses_a_vocabulary_larger_than_the_target(tmp_path):
-  config = main.MainConfig(target=_saved_model(str(tmp_path), 0,
+  config = main.MainConfig(target=saved_model(str(tmp_path), 0,
                                                vocab_size=512))
   with pytest.raises(ValueError, match='vocabulary has 8000 pieces'):
     main.run(config, str(tmp_path))
