@@ -83,8 +83,8 @@ def infer(config: InferConfig, sources: List[str]) -> List[Dict[str, object]]:
   if config.batch_size < 1:
     raise ValueError(f'batch_size must be >= 1, got {config.batch_size}.')
   vocabulary = config.target.vocabulary(config.vocabulary)
+  specs.check_vocabulary(vocabulary, config.target.model_config())
   target, draft = config.mesh.load(config.target, config.draft)
-  specs.check_vocabulary(vocabulary, target)
   rng = jax.random.PRNGKey(config.seed)
   results = []
   for start in range(0, len(sources), config.batch_size):

@@ -174,10 +174,10 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
                      f'{config.gamma!r}.')
   start = time.time()
   _log(f'loading {config.target.describe()} and {config.draft.describe()}')
+  vocabulary = config.target.vocabulary(config.vocabulary)
+  specs.check_vocabulary(vocabulary, config.target.model_config())
   target, draft = specs.MeshSpec(config.num_partitions).load(config.target,
                                                              config.draft)
-  vocabulary = config.target.vocabulary(config.vocabulary)
-  specs.check_vocabulary(vocabulary, target)
   _log(f'target: {target}')
   _log(f'draft:  {draft}')
   machine = costs_lib.machine_description()

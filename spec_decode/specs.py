@@ -110,16 +110,18 @@ class ModelSpec:
     return model if plan is None else model.shard(plan.mesh, plan.rules)
 
 
-def check_vocabulary(vocabulary: Any, target: Model) -> None:
+def check_vocabulary(vocabulary: Any, target: T5Config) -> None:
   """Refuses a vocabulary with more pieces than the target has embeddings.
 
   Models pad their embedding tables (T5's 32,100 pieces live in 32,128
   rows), so the vocabulary may be smaller than the model, never larger.
+  Takes the config (`ModelSpec.model_config()`), so a mismatch is refused
+  before any weights are read.
   """
-  if vocabulary.vocab_size > target.config.vocab_size:
+  if vocabulary.vocab_size > target.vocab_size:
     raise ValueError(
         f'vocabulary has {vocabulary.vocab_size} pieces but the target only '
-        f'{target.config.vocab_size} embeddings; set vocabulary to the '
+        f'{target.vocab_size} embeddings; set vocabulary to the '
         "target's SentencePiece model.")
 
 
