@@ -33,7 +33,7 @@ setuptools.setup(
     extras_require={
         # seqio task registration (T5X users) and translation scores.
         'data': ['seqio', 'tensorflow-cpu', 'sacrebleu'],
-        'test': ['pytest', 'hypothesis', 'scipy'],
+        'test': ['pytest', 'hypothesis', 'scipy', 'sacrebleu'],
         'plots': ['matplotlib'],
     },
     entry_points={

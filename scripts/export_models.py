@@ -20,12 +20,10 @@ import numpy as np
 
 from spec_decode import checkpoints
 from spec_decode import distill
-from spec_decode import evaluation
-from spec_decode import generation
 from spec_decode import pretrained
+from spec_decode import train_eval
 from spec_decode import train_state
 from spec_decode.data import tasks
-from spec_decode.model import Model
 from spec_decode.model import parameter_count
 
 FLAGS = flags.FLAGS
@@ -78,24 +76,6 @@ def training_seconds(records) -> float:
   return float(np.sum(np.where(gaps > 5 * typical, typical, gaps)))
 
 
-def translation_metrics(model: Model, vocabulary, data_dir: str, count: int,
-                        batch_size: int):
-  pairs = tasks.load_pairs('translate_en_de', 'test', data_dir)[:count]
-  hypotheses = []
-  for start in range(0, len(pairs), batch_size):
-    chunk = pairs[start:start + batch_size]
-    enc = tasks.pad_rows(evaluation.encode_inputs(
-        vocabulary, 'translate_en_de', [s for s, _ in chunk], 64), batch_size)
-    result = generation.generate(model, enc, max_decode_len=64)
-    hypotheses.extend(evaluation.decode_outputs(
-        vocabulary, result.tokens)[:len(chunk)])
-  scores = evaluation.translation_scores(hypotheses, [t for _, t in pairs])
-  scores['examples'] = len(pairs)
-  scores['samples'] = [{'input': s, 'reference': t, 'output': h}
-                       for (s, t), h in list(zip(pairs, hypotheses))[:5]]
-  return scores
-
-
 def main(argv):
   del argv
   vocabulary = pretrained.vocabulary()
@@ -120,8 +100,9 @@ def main(argv):
       summary = training_summary(run_dir)
       model = train_state.load_trained(run_dir, eos_id=vocabulary.eos_id)
       step = summary['steps']
-    metrics = translation_metrics(model, vocabulary, FLAGS.data_dir,
-                                  FLAGS.eval_examples, FLAGS.batch_size)
+    pairs = tasks.load_pairs('translate_en_de', 'test', FLAGS.data_dir)
+    metrics = train_eval.translation_metrics(
+        model, vocabulary, pairs[:FLAGS.eval_examples], FLAGS.batch_size)
     folder = os.path.join(pretrained.ASSETS_DIR, name)
     bf16 = jax.tree_util.tree_map(
         lambda x: np.asarray(x).astype('bfloat16'), model.params)

@@ -31,10 +31,12 @@ from spec_decode import checkpoints
 from spec_decode import distill
 from spec_decode import losses
 from spec_decode import on_policy
+from spec_decode import pretrained
 from spec_decode import train_eval
 from spec_decode import train_state
 from spec_decode.data import batching
 from spec_decode.data import tasks
+from spec_decode.data.tokenizer import Vocabulary
 from spec_decode.model import init_params
 from spec_decode.model import Model
 from spec_decode.model import parameter_count
@@ -64,6 +66,11 @@ class TrainConfig:
     warmup_steps: Linear warm-up, then 1/sqrt decay (T5's schedule).
     z_loss: T5X's auxiliary log-partition loss weight.
     eval_examples: Validation examples per task for the eval loss.
+    chrf_examples: If > 0 (and the mixture has 'translate_en_de'), each
+      evaluation also translates this many En->De validation sentences
+      greedily and logs their corpus chrF and BLEU (T5X's inference eval).
+    vocabulary: SentencePiece model the data was tokenized with (for
+      `chrf_examples`); None is the shipped vocabulary.
     eval_every: Steps between evaluations.
     checkpoint_every: Steps between checkpoints.
     keep_checkpoints: Newest checkpoints kept.
@@ -100,6 +107,8 @@ class TrainConfig:
   warmup_steps: int = 500
   z_loss: float = 1e-4
   eval_examples: int = 256
+  chrf_examples: int = 0
+  vocabulary: Optional[str] = None
   eval_every: int = 250
   checkpoint_every: int = 250
   keep_checkpoints: int = 2
@@ -229,6 +238,11 @@ def train(config: TrainConfig) -> Dict[str, float]:
   eval_sampler = batching.BatchSampler(
       eval_splits, config.mixture, config.batch_tokens, config.seed,
       **buckets)
+  chrf_pairs, vocabulary = [], None
+  if config.chrf_examples > 0 and 'translate_en_de' in config.mixture:
+    chrf_pairs = tasks.load_pairs('translate_en_de', 'validation',
+                                  config.data_dir)[:config.chrf_examples]
+    vocabulary = Vocabulary(config.vocabulary or pretrained.VOCABULARY_PATH)
   agreement_splits = train_eval.load_agreement_splits(
       config.distillation_dir, config.mixture)
   agreement_sampler = None
@@ -318,6 +332,11 @@ def train(config: TrainConfig) -> Dict[str, float]:
         record.update(train_eval.evaluate(
             eval_step, state.params, eval_sampler, config.mixture,
             config.eval_examples))
+        if chrf_pairs:
+          scores = train_eval.translation_metrics(
+              Model(config.model, state.params), vocabulary, chrf_pairs)
+          record['translate_en_de/chrf'] = scores['chrf']
+          record['translate_en_de/bleu'] = scores['bleu']
         if agreement_sampler:
           record.update(train_eval.evaluate_agreement(
               eval_step, state.params, agreement_sampler, config.mixture,

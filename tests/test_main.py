@@ -16,9 +16,17 @@ from conftest import saved_model
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture(scope='module')
+def cost_cache(tmp_path_factory):
+  """One cost cache for this module's runs of the shipped pair: the first
+  run measures the costs, as a new user's first run does; later runs read
+  them, as a user's later runs do."""
+  return str(tmp_path_factory.mktemp('cost_cache'))
+
+
 @pytest.mark.slow
-def test_main_job_end_to_end(tmp_path, monkeypatch):
-  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path / 'cache'))
+def test_main_job_end_to_end(tmp_path, monkeypatch, cost_cache):
+  monkeypatch.setenv(costs.CACHE_DIR_ENV, cost_cache)
   generation.reset_auto_estimates()
   config = main.MainConfig(num_examples=3, show_examples=1,
                            max_decode_len=16)
@@ -46,8 +54,8 @@ def test_main_job_end_to_end(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_main_job_with_a_fixed_gamma(tmp_path, monkeypatch):
-  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path / 'cache'))
+def test_main_job_with_a_fixed_gamma(tmp_path, monkeypatch, cost_cache):
+  monkeypatch.setenv(costs.CACHE_DIR_ENV, cost_cache)
   config = main.MainConfig(num_examples=2, show_examples=0,
                            max_decode_len=12, gamma=2,
                            tasks=('translate_en_de',), temperatures=(0.0,))
@@ -83,7 +91,7 @@ def test_main_job_refuses_a_bad_gamma(tmp_path):
 
 
 @pytest.mark.slow
-def test_main_cli_takes_gin_flags(tmp_path):
+def test_main_cli_takes_gin_flags(tmp_path, cost_cache):
   result = subprocess.run(
       [sys.executable, '-m', 'spec_decode.main',
        '--gin.main.MainConfig.num_examples=1',
@@ -92,7 +100,7 @@ def test_main_cli_takes_gin_flags(tmp_path):
        '--gin.main.MainConfig.max_decode_len=8',
        f'--output_dir={tmp_path}'],
       capture_output=True, text=True, cwd=ROOT, check=False,
-      env={**os.environ, costs.CACHE_DIR_ENV: str(tmp_path / 'cache')})
+      env={**os.environ, costs.CACHE_DIR_ENV: cost_cache})
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'summarize' in result.stdout
   rows = json.load(open(tmp_path / 'main.json'))['rows']

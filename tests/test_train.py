@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -37,7 +38,9 @@ def _config(tmp_path, data_dir, name, steps):
       model_dir=str(tmp_path / name), data_dir=data_dir,
       mixture={'translate_en_de': 1.0}, batch_tokens=512, num_steps=steps,
       learning_rate=0.05, warmup_steps=2, eval_examples=16, eval_every=4,
-      checkpoint_every=3, log_every=2)
+      checkpoint_every=3, log_every=2,
+      # One batch shape: each train() call compiles its steps once.
+      input_buckets=(64,), target_buckets=(64,))
 
 
 def test_batches_are_bucketed_and_reproducible(tmp_path):
@@ -210,3 +213,26 @@ def test_time_limit_and_on_policy_distillation(tmp_path):
   assert 0.0 <= records[-1]['on_policy_divergence'] <= 1.0
   assert os.path.isdir(os.path.join(draft.model_dir,
                                     f'checkpoint_{draft.log_every}'))
+
+
+def test_evaluations_log_the_chrf_of_greedy_translations(tmp_path):
+  data_dir = _tiny_data(tmp_path)
+  # The references, beside the tokenized split (prepare_data.py writes both).
+  references = tasks.tsv_path(data_dir, 'translate_en_de', 'validation')
+  os.makedirs(os.path.dirname(references))
+  shutil.copy(tasks.sample_path('translate_en_de', 'validation'), references)
+  config = train.TrainConfig(**{
+      **_config(tmp_path, data_dir, 'chrf', 2).__dict__,
+      'eval_every': 2, 'chrf_examples': 3})
+  metrics = train.train(config)
+  pairs = tasks.load_pairs('translate_en_de', 'validation', data_dir)[:3]
+  trained = train_state.load_trained(config.model_dir)
+  scores = train_eval.translation_metrics(trained, pretrained.vocabulary(),
+                                          pairs)
+  # The logged figure is the chrF of this very model's greedy output.
+  assert metrics['translate_en_de/chrf'] == pytest.approx(scores['chrf'])
+  assert 0.0 <= scores['chrf'] <= 100.0
+  assert scores['examples'] == 3 and len(scores['samples']) == 3
+  assert scores['samples'][0]['reference'] == pairs[0][1]
+  with pytest.raises(ValueError, match='pairs must hold at least one'):
+    train_eval.translation_metrics(trained, pretrained.vocabulary(), [])
