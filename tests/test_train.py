@@ -1,17 +1,20 @@
 """Training: the loss, reproducible bucketed batches, resumable runs."""
 
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import gin
 import jax
 import numpy as np
 import pytest
 
 from spec_decode import checkpoints
 from spec_decode import distill
+from spec_decode import gin_utils
 from spec_decode import pretrained
 from spec_decode import train
 from spec_decode import train_eval
@@ -236,3 +239,24 @@ def test_evaluations_log_the_chrf_of_greedy_translations(tmp_path):
   assert scores['samples'][0]['reference'] == pairs[0][1]
   with pytest.raises(ValueError, match='pairs must hold at least one'):
     train_eval.translation_metrics(trained, pretrained.vocabulary(), [])
+
+
+@pytest.mark.parametrize('name', sorted(
+    os.path.basename(path) for path in glob.glob(os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        'configs', 'train', '*.gin'))))
+def test_every_training_config_builds(name):
+  configs = os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), 'configs')
+  gin.clear_config()
+  gin.add_config_file_search_path(configs)
+  gin.parse_config_files_and_bindings(
+      [os.path.join(configs, 'train', name)], [], finalize_config=False)
+  config = gin_utils.build(train.TrainConfig)
+  gin.clear_config()
+  assert config.model_dir.startswith('runs/') and config.num_steps > 0
+  assert config.model.vocab_size == 8000
+  if name.startswith('target'):
+    # The target runs log the quality-against-steps curve, except the
+    # 500-step run that shipped.
+    assert config.chrf_examples > 0 or name == 'target.gin'
