@@ -2,9 +2,9 @@
 
 Training reports these at every evaluation, and optionally the chrF of
 greedy translations (`translation_metrics`, also what the exported models'
-manifest records); `scripts/agreement.py` computes
-the agreement of any draft the same way, without an optimizer. The eval step
-is the training loss without dropout or gradients (`losses.make_loss_fn`).
+manifest records); `scripts/agreement.py` computes the agreement of any draft
+the same way, without an optimizer. The eval step is the training loss
+without dropout or gradients (`losses.make_loss_fn`).
 """
 
 import os
