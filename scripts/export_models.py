@@ -88,6 +88,8 @@ def main(argv):
   if FLAGS.models and os.path.exists(pretrained.MANIFEST_PATH):
     with open(pretrained.MANIFEST_PATH) as f:
       manifest = json.load(f)
+  test_pairs = tasks.load_pairs('translate_en_de', 'test',
+                                FLAGS.data_dir)[:FLAGS.eval_examples]
   for name in names:
     run, role = MODELS[name]
     start = time.time()
@@ -100,9 +102,8 @@ def main(argv):
       summary = training_summary(run_dir)
       model = train_state.load_trained(run_dir, eos_id=vocabulary.eos_id)
       step = summary['steps']
-    pairs = tasks.load_pairs('translate_en_de', 'test', FLAGS.data_dir)
-    metrics = train_eval.translation_metrics(
-        model, vocabulary, pairs[:FLAGS.eval_examples], FLAGS.batch_size)
+    metrics = train_eval.translation_metrics(model, vocabulary, test_pairs,
+                                             FLAGS.batch_size)
     folder = os.path.join(pretrained.ASSETS_DIR, name)
     bf16 = jax.tree_util.tree_map(
         lambda x: np.asarray(x).astype('bfloat16'), model.params)

@@ -23,6 +23,9 @@ from spec_decode.data import batching
 from spec_decode.data import tasks
 from spec_decode.model import T5Config
 
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), 'configs')
+
 
 def _tiny_data(tmp_path):
   vocabulary = pretrained.vocabulary()
@@ -242,16 +245,13 @@ def test_evaluations_log_the_chrf_of_greedy_translations(tmp_path):
 
 
 @pytest.mark.parametrize('name', sorted(
-    os.path.basename(path) for path in glob.glob(os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        'configs', 'train', '*.gin'))))
+    os.path.basename(path)
+    for path in glob.glob(os.path.join(CONFIGS, 'train', '*.gin'))))
 def test_every_training_config_builds(name):
-  configs = os.path.join(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))), 'configs')
   gin.clear_config()
-  gin.add_config_file_search_path(configs)
+  gin.add_config_file_search_path(CONFIGS)
   gin.parse_config_files_and_bindings(
-      [os.path.join(configs, 'train', name)], [], finalize_config=False)
+      [os.path.join(CONFIGS, 'train', name)], [], finalize_config=False)
   config = gin_utils.build(train.TrainConfig)
   gin.clear_config()
   assert config.model_dir.startswith('runs/') and config.num_steps > 0
