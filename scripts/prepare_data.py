@@ -3,6 +3,9 @@ r"""Builds the En->De and summarization data from Debian's archive alone.
   python scripts/prepare_data.py --data_dir=data            # fetch, split, tokenize
   python scripts/prepare_data.py --train_tokenizer          # also retrain the vocabulary
   python scripts/prepare_data.py --write_samples            # refresh committed samples
+  python scripts/prepare_data.py --data_dir=data_catalogs --message_catalogs=default
+      # also the whole sentences of packages' German message catalogs, added
+      # to the En->De training split only (validation and test unchanged)
 
 Writes <data_dir>/<task>/{train,validation,test}.tsv and
 <data_dir>/tokenized/<task>_<split>.npz. Raw downloads go to <data_dir>/raw.
@@ -35,6 +38,11 @@ flags.DEFINE_integer('vocab_size', 8000, 'Pieces of a newly trained model.')
 flags.DEFINE_bool('write_samples', False,
                   'Rewrite the committed samples in spec_decode/data/samples.')
 flags.DEFINE_integer('sample_size', 64, 'Examples per committed sample.')
+flags.DEFINE_list('message_catalogs', [],
+                  'Debian packages whose German gettext catalogs add their '
+                  'whole-sentence messages to the En->De training split '
+                  '(validation and test stay as without them); "default" is '
+                  'spec_decode.data.debian.CATALOG_PACKAGES.')
 
 
 def build_pairs(raw_dir):
@@ -61,6 +69,27 @@ def build_pairs(raw_dir):
   return {'translate_en_de': translate, 'summarize': summarize}, counts
 
 
+def add_catalog_sentences(raw_dir, packages, task_splits):
+  """Adds message-catalog sentence pairs to `task_splits['train']`.
+
+  Returns:
+    How many sentence pairs the catalogs held, and how many were added (the
+    rest repeat a training source or touch a held-out pair).
+  """
+  catalogs = debian.fetch_message_catalogs(raw_dir, packages)
+  messages = []
+  for paths in catalogs.values():
+    for path in paths:
+      with open(path, 'rb') as f:
+        messages.extend(corpora.parse_message_catalog(f.read(), path))
+  sentences = corpora.deduplicate(corpora.catalog_sentence_pairs(messages))
+  held_out = task_splits['validation'] + task_splits['test']
+  train = task_splits['train']
+  task_splits['train'] = corpora.deduplicate(
+      train + corpora.held_out_free(sentences, held_out))
+  return len(sentences), len(task_splits['train']) - len(train)
+
+
 def main(argv):
   del argv
   started = time.time()
@@ -74,6 +103,14 @@ def main(argv):
   splits = {}
   for task, task_pairs in pairs.items():
     splits[task] = corpora.split_pairs(task_pairs)
+  if FLAGS.message_catalogs:
+    packages = (debian.CATALOG_PACKAGES if FLAGS.message_catalogs == ['default']
+                else FLAGS.message_catalogs)
+    stage(f'adding the sentences of {len(packages)} message catalog packages')
+    found, added = add_catalog_sentences(raw_dir, packages,
+                                         splits['translate_en_de'])
+    counts.update(catalog_sentences=found, catalog_sentences_added=added)
+  for task in splits:
     stats['splits'][task] = {s: len(p) for s, p in splits[task].items()}
     for split, split_pairs in splits[task].items():
       path = tasks.tsv_path(FLAGS.data_dir, task, split)

@@ -1,5 +1,9 @@
 """Parsing, cleaning, de-duplicating and splitting the Debian corpora."""
 
+import struct
+
+import pytest
+
 from spec_decode.data import corpora
 from spec_decode.data import tasks
 
@@ -105,3 +109,101 @@ def test_committed_samples_match_their_split():
 def test_tsv_round_trip():
   line = corpora.to_tsv_line(('a\tb  c', 'd\ne'))
   assert list(corpora.read_tsv([line])) == [('a b c', 'd e')]
+
+
+def _mo_file(messages, charset='UTF-8', byte_order='<'):
+  """A compiled gettext catalog of (msgid bytes, msgstr bytes), as msgfmt."""
+  header = (b'Content-Type: text/plain; charset=' + charset.encode() +
+            b'\n')
+  entries = sorted([(b'', header)] + list(messages))
+  count = len(entries)
+  originals, translations = 28, 28 + 8 * count
+  offset = 28 + 16 * count
+  tables, blob = [b'', b''], b''
+  for column in (0, 1):
+    for entry in entries:
+      text = entry[column]
+      tables[column] += struct.pack(byte_order + '2I', len(text),
+                                    offset + len(blob))
+      blob += text + b'\x00'
+  head = struct.pack(byte_order + '7I', 0x950412de, 0, count, originals,
+                     translations, 0, 0)
+  return head + tables[0] + tables[1] + blob
+
+
+CATALOG = [
+    (b'Saves the current document under a new name.',
+     'Speichert das aktuelle Dokument unter einem neuen Namen.'.encode()),
+    (b'tooltip\x04Closes the window without saving.',
+     'Schließt das Fenster, ohne zu speichern.'.encode()),
+    (b'One file was deleted.\x00%d files were deleted.',
+     'Eine Datei wurde gelöscht.\x00%d Dateien wurden gelöscht.'.encode()),
+    (b'Untranslated message stays out.', b''),
+    (b'Save _As', b'Speichern _unter'),
+    (b'Cannot open %s for writing.', b'Kann %s nicht zum Schreiben '
+     b'\xc3\xb6ffnen.'),
+    (b'Open the file in a new window...', b'Die Datei in einem neuen Fenster '
+     b'\xc3\xb6ffnen...'),
+    (b'Print', b'Drucken'),
+]
+
+
+@pytest.mark.parametrize('byte_order', ['<', '>'])
+def test_message_catalog_messages_contexts_and_plurals(byte_order):
+  messages = corpora.parse_message_catalog(_mo_file(CATALOG,
+                                                    byte_order=byte_order))
+  assert ('Closes the window without saving.',
+          'Schließt das Fenster, ohne zu speichern.') in messages
+  assert ('One file was deleted.', 'Eine Datei wurde gelöscht.') in messages
+  assert len(messages) == len(CATALOG) - 1  # The untranslated one.
+  assert not any(english == 'Untranslated message stays out.'
+                 for english, _ in messages)
+
+
+def test_message_catalog_charset_comes_from_its_header():
+  latin = [(b'The file was saved.', 'Die Datei wurde gespeichert: Größe.'
+            .encode('latin-1'))]
+  messages = corpora.parse_message_catalog(_mo_file(latin, 'ISO-8859-1'))
+  assert messages == [('The file was saved.',
+                       'Die Datei wurde gespeichert: Größe.')]
+
+
+def test_catalog_sentences_keep_prose_only():
+  pairs = corpora.catalog_sentence_pairs(
+      corpora.parse_message_catalog(_mo_file(CATALOG)))
+  assert sorted(pairs) == sorted([
+      ('Saves the current document under a new name.',
+       'Speichert das aktuelle Dokument unter einem neuen Namen.'),
+      ('Closes the window without saving.',
+       'Schließt das Fenster, ohne zu speichern.'),
+      ('One file was deleted.', 'Eine Datei wurde gelöscht.'),
+  ])
+
+
+def test_malformed_catalogs_are_named_errors():
+  with pytest.raises(ValueError, match=r'x\.mo: not a gettext \.mo file'):
+    corpora.parse_message_catalog(b'\x00' * 40, 'x.mo')
+  with pytest.raises(ValueError, match='too short'):
+    corpora.parse_message_catalog(b'\xde\x12\x04\x95', 'x.mo')
+  truncated = _mo_file(CATALOG)[:60]
+  with pytest.raises(ValueError, match=r'x\.mo: string table ends at byte'):
+    corpora.parse_message_catalog(truncated, 'x.mo')
+
+
+def test_held_out_free_pairs_leave_validation_and_test_untouched():
+  sources = [f'This is sentence number {i}.' for i in range(400)]
+  pairs = [(s, s.upper()) for s in sources]
+  splits = corpora.split_pairs(pairs)
+  held_out = splits['validation'] + splits['test']
+  # Catalog pairs: every held-out source again, a held-out target under a new
+  # source, and new sources.
+  extra = held_out + [('A brand new source sentence.', held_out[0][1])] + [
+      (f'Another new sentence, number {i}.', 'Neu.') for i in range(200)]
+  kept = corpora.held_out_free(extra, held_out)
+  assert kept and all(corpora.split_of(s) == 'train' for s, _ in kept)
+  assert not set(kept) & set(held_out)
+  assert all(t != held_out[0][1] for _, t in kept)
+  # Adding them changes no held-out split.
+  resplit = corpora.split_pairs(splits['train'] + kept + held_out)
+  assert resplit['validation'] == splits['validation']
+  assert resplit['test'] == splits['test']

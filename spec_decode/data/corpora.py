@@ -1,21 +1,26 @@
 """Parsing, cleaning, de-duplicating and splitting the offline corpora.
 
-Two Debian sources give real parallel and summarization text without any
+Debian's archive gives real parallel and summarization text without any
 dataset host:
 - the Ding German-English dictionary (package `trans-de-en`), whose entries
   carry example sentences: `german :: english`, with aligned alternatives
   separated by ` | ` and annotations in {}, [], <> and ();
 - Debian's package-description translations (`Translation-en`,
   `Translation-de`), paired by `Description-md5`: one-line summaries and
-  paragraphs for En->De, and long description -> summary for summarization.
+  paragraphs for En->De, and long description -> summary for summarization;
+- optionally, the German gettext catalogs (`.mo`) that packages ship: each
+  English message next to its German translation, of which the whole
+  sentences are kept (`catalog_sentence_pairs`).
 
 Splits are a deterministic function of the source text (a hash), so every
 rebuild gives the same split and no source text lands in two splits.
 """
 
+import codecs
 import collections
 import hashlib
 import re
+import struct
 from typing import Dict, Iterable, Iterator, List, Tuple
 
 Pair = Tuple[str, str]
@@ -174,6 +179,109 @@ def summarization_pairs(english: Dict[str, str]) -> List[Pair]:
     if summary and len(body.split()) >= 8:
       pairs.append((body, summary))
   return pairs
+
+
+_MO_MAGIC = 0x950412de
+# Markup, placeholders and accelerator marks: such messages are not prose.
+_CATALOG_MARKUP = re.compile(r'[%$&_~<>{}\\|@#]|\.\.\.')
+
+
+def parse_message_catalog(data: bytes, name: str = '<catalog>'
+                          ) -> List[Pair]:
+  """(english, translation) messages of a compiled gettext catalog (`.mo`).
+
+  Args:
+    data: The file's bytes.
+    name: The file's name, for errors.
+
+  Returns:
+    One pair per translated message: contexts (`msgctxt`) dropped, the
+    singular form of plural messages, untranslated messages and the header
+    left out.
+
+  Raises:
+    ValueError: `data` is not a `.mo` file, or its tables point outside it.
+  """
+  if len(data) < 20:
+    raise ValueError(f'{name}: {len(data)} bytes is too short for a .mo file')
+  for order in '<>':
+    magic, _, count, originals, translations = struct.unpack(
+        order + '5I', data[:20])
+    if magic == _MO_MAGIC:
+      break
+  else:
+    raise ValueError(f'{name}: not a gettext .mo file (magic {magic:#x})')
+
+  def strings(table: int) -> List[bytes]:
+    end = table + 8 * count
+    if end > len(data):
+      raise ValueError(f'{name}: string table ends at byte {end}, past the '
+                       f'file\'s {len(data)} bytes')
+    found = []
+    for i in range(count):
+      length, offset = struct.unpack(order + '2I',
+                                     data[table + 8 * i:table + 8 * i + 8])
+      if offset + length > len(data):
+        raise ValueError(f'{name}: message {i} ends past the file')
+      found.append(data[offset:offset + length])
+    return found
+
+  messages = list(zip(strings(originals), strings(translations)))
+  header = dict(messages).get(b'', b'').decode('ascii', 'replace')
+  charset = re.search(r'charset=([\w-]+)', header)
+  charset = charset.group(1) if charset else 'utf-8'
+  try:
+    codecs.lookup(charset)
+  except LookupError:  # e.g. an unfilled template's 'CHARSET'.
+    charset = 'utf-8'
+  pairs = []
+  for original, translation in messages:
+    if not original:
+      continue  # The header.
+    english = original.split(b'\x00')[0].split(b'\x04')[-1]
+    german = translation.split(b'\x00')[0]
+    if german:
+      # msgids are ASCII or UTF-8; the header names the msgstrs' charset.
+      pairs.append((english.decode('utf-8', 'replace'),
+                    german.decode(charset, 'replace')))
+  return pairs
+
+
+def catalog_sentence_pairs(messages: Iterable[Pair]) -> List[Pair]:
+  """The messages that are whole prose sentences on both sides.
+
+  Labels, menu entries, messages with placeholders (`%s`, `$(ARG1)`),
+  markup, accelerator marks or line breaks are dropped; what remains reads
+  like the dictionary's and the descriptions' sentences.
+  """
+  pairs = []
+  for english, german in messages:
+    if '\n' in english or '\n' in german:
+      continue
+    english, german = normalize_space(english), normalize_space(german)
+    if (english != german and _is_sentence(english, 4)
+        and _is_sentence(german, 3)
+        and not _CATALOG_MARKUP.search(english + german)):
+      pairs.append((english, german))
+  return pairs
+
+
+def held_out_free(pairs: Iterable[Pair], held_out: Iterable[Pair]
+                  ) -> List[Pair]:
+  """Pairs that may join a training split without touching held-out ones.
+
+  A pair is kept only if its source text hashes to 'train' (so validation
+  and test stay exactly as they were) and neither side repeats a held-out
+  pair's source or target text.
+  """
+  held = set()
+  for source, target in held_out:
+    held.add(normalize_space(source).lower())
+    held.add(normalize_space(target).lower())
+  return [(s, t) for s, t in pairs
+          if split_of(s) == 'train'
+          and normalize_space(s).lower() not in held
+          and normalize_space(t).lower() not in held]
 
 
 def deduplicate(pairs: Iterable[Pair]) -> List[Pair]:

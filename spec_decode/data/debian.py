@@ -1,7 +1,8 @@
 """Fetching the raw corpora with apt's own tools (no dataset host).
 
-`apt-get download` + `dpkg-deb -x` bring the Ding dictionary; `apt-get update`
-with a private configuration (own lists folder, the machine's own sources,
+`apt-get download` + `dpkg-deb -x` bring the Ding dictionary and, when asked
+for, packages' German message catalogs; `apt-get update` with a private
+configuration (own lists folder, the machine's own sources,
 `Acquire::Languages { "en"; "de"; }`) brings the description translations.
 Nothing here needs root or touches the machine's own apt state.
 """
@@ -9,10 +10,20 @@ Nothing here needs root or touches the machine's own apt state.
 import glob
 import os
 import subprocess
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 DICTIONARY_PACKAGE = 'trans-de-en'
 DICTIONARY_FILE = 'usr/share/trans/de-en'
+# Packages (Debian 12 names) whose German catalogs hold the most whole-sentence
+# messages: tooltips, help lines and option descriptions, ~15k sentence pairs
+# in all (`scripts/prepare_data.py --message_catalogs=default`).
+CATALOG_PACKAGES = (
+    'libreoffice-l10n-de', 'gcc-12-locales', 'digikam-data', 'vlc-l10n',
+    'gimp-data', 'evolution-common', 'kstars-data', 'gramps',
+    'filezilla-common', 'inkscape', 'k3b-i18n', 'pidgin-data',
+    'audacity-data', 'gnome-control-center-data', 'plasma-workspace-data',
+    'nautilus-data', 'util-linux-locales', 'aptitude-common',
+    'shotwell-common')
 
 
 def _run(command: List[str], env=None, cwd=None) -> None:
@@ -23,19 +34,60 @@ def _run(command: List[str], env=None, cwd=None) -> None:
                        f'{result.stdout}\n{result.stderr}')
 
 
+def _unpack_package(workdir: str, package: str) -> str:
+  """`apt-get download`s and unpacks `package` once; returns its folder."""
+  folder = os.path.join(workdir, package)
+  done = os.path.join(folder, '.unpacked')
+  if os.path.isfile(done):
+    return folder
+  os.makedirs(folder, exist_ok=True)
+  _run(['apt-get', 'download', package], cwd=folder)
+  debs = glob.glob(os.path.join(folder, f'{package}_*.deb'))
+  if not debs:
+    raise RuntimeError(f'apt-get download {package} wrote no .deb')
+  _run(['dpkg-deb', '-x', sorted(debs)[-1], folder])
+  for deb in debs:
+    os.remove(deb)
+  open(done, 'w').close()
+  return folder
+
+
 def fetch_dictionary(workdir: str) -> str:
   """Downloads and unpacks `trans-de-en`; returns the dictionary's path."""
-  folder = os.path.join(workdir, DICTIONARY_PACKAGE)
-  path = os.path.join(folder, DICTIONARY_FILE)
+  path = os.path.join(workdir, DICTIONARY_PACKAGE, DICTIONARY_FILE)
   if os.path.isfile(path):
     return path
-  os.makedirs(folder, exist_ok=True)
-  _run(['apt-get', 'download', DICTIONARY_PACKAGE], cwd=folder)
-  debs = glob.glob(os.path.join(folder, f'{DICTIONARY_PACKAGE}_*.deb'))
-  if not debs:
-    raise RuntimeError(f'apt-get download {DICTIONARY_PACKAGE} wrote no .deb')
-  _run(['dpkg-deb', '-x', sorted(debs)[-1], folder])
+  _unpack_package(workdir, DICTIONARY_PACKAGE)
+  if not os.path.isfile(path):
+    raise RuntimeError(f'{DICTIONARY_PACKAGE} has no {DICTIONARY_FILE}')
   return path
+
+
+def fetch_message_catalogs(workdir: str, packages: Sequence[str],
+                           language: str = 'de') -> Dict[str, List[str]]:
+  """The compiled gettext catalogs of `language` that `packages` ship.
+
+  Args:
+    workdir: Folder the packages are unpacked into (one subfolder each).
+    packages: Debian package names (e.g. `CATALOG_PACKAGES`).
+    language: Locale folder name.
+
+  Returns:
+    package -> its `<...>/<language>/LC_MESSAGES/*.mo` files (sorted).
+
+  Raises:
+    RuntimeError: A package cannot be downloaded, or ships no catalog of
+      `language`.
+  """
+  found = {}
+  for package in packages:
+    folder = _unpack_package(os.path.join(workdir, 'catalogs'), package)
+    found[package] = sorted(glob.glob(os.path.join(
+        folder, '**', language, 'LC_MESSAGES', '*.mo'), recursive=True))
+    if not found[package]:
+      raise RuntimeError(f'package {package!r} ships no {language} message '
+                         f'catalog (<...>/{language}/LC_MESSAGES/*.mo)')
+  return found
 
 
 def fetch_description_translations(workdir: str,
