@@ -8,7 +8,14 @@ scripts/train_model.py): its teacher-forced argmax agreement with the target's
 greedy outputs on the validation inputs scripts/distill_target.py recorded. Greedy
 speculative decoding accepts a draft token exactly when the two argmaxes
 agree, so this is the paper's alpha at T=0 on held-out inputs, in seconds;
-draft training logs the same figure as `<task>/target_agreement`.
+draft training logs the same figure as `<task>/target_agreement`. With
+--target (the model whose outputs the folder holds), also each draft's
+expected acceptance at temperature 1 along those outputs: the mean of
+beta = sum_x min(p(x), q(x)), the exact acceptance probability of
+speculative sampling at a position (the paper's alpha at T=1).
+
+  python scripts/agreement.py --distillation_dir=data/distill_cpu \
+      --target=runs/target_cpu_dropout --drafts=runs/draft_tiny_cpu
 """
 
 import json
@@ -34,6 +41,20 @@ flags.DEFINE_integer('examples', 1000, 'Validation examples per task (the '
                      'first ones; all if fewer were recorded).')
 flags.DEFINE_integer('max_input_length', 64, 'Input truncation, as trained.')
 flags.DEFINE_string('output', None, 'Optional JSON file for the figures.')
+flags.DEFINE_string('target', None,
+                    'The target (shipped name or training folder) whose '
+                    'outputs --distillation_dir holds: also report expected '
+                    'acceptance at temperature 1.')
+
+
+def load_model(name: str):
+  """A shipped model by name, or the latest checkpoint of a training folder."""
+  if name in pretrained.available():
+    return pretrained.load(name)
+  if os.path.isdir(name):
+    return train_state.load_trained(name)
+  raise app.UsageError(f'{name!r} is neither one of '
+                       f'{pretrained.available()} nor a folder.')
 
 
 def main(argv):
@@ -53,22 +74,26 @@ def main(argv):
                                   config.seed,
                                   max_input_length=FLAGS.max_input_length)
   counts = {task: min(FLAGS.examples, len(splits[task])) for task in FLAGS.task}
+  target = load_model(FLAGS.target) if FLAGS.target else None
   results = {}
   for name in FLAGS.drafts:
-    if name in pretrained.available():
-      draft = pretrained.load(name)
-    elif os.path.isdir(name):
-      draft = train_state.load_trained(name)
-    else:
-      raise app.UsageError(f'--drafts: {name!r} is neither one of '
-                           f'{pretrained.available()} nor a folder.')
+    draft = load_model(name)
     eval_step = train_eval.make_eval_step(losses.make_loss_fn(
         draft.config, config.z_loss, config.soft_target_weight))
     results[name] = train_eval.evaluate_agreement(
         eval_step, draft.params, sampler, mixture, FLAGS.examples)
-    print(f'{name}: ' + ', '.join(
-        f'{task} {results[name][f"{task}/target_agreement"]:.3f} '
-        f'({counts[task]} inputs)' for task in FLAGS.task), flush=True)
+    line = ', '.join(
+        f'{task} {results[name][f"{task}/target_agreement"]:.3f}'
+        for task in FLAGS.task)
+    if target is not None:
+      results[name].update(train_eval.expected_acceptance(
+          target, draft, sampler, mixture, FLAGS.examples))
+      line += '; at T=1 ' + ', '.join(
+          f'{task} {results[name][f"{task}/expected_acceptance"]:.3f}'
+          for task in FLAGS.task)
+    print(f'{name}: greedy {line} ('
+          + ', '.join(f'{counts[task]} {task} inputs' for task in FLAGS.task)
+          + ')', flush=True)
   if FLAGS.output:
     with open(FLAGS.output, 'w') as f:
       json.dump(results, f, indent=1)

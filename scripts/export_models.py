@@ -2,6 +2,8 @@ r"""Exports trained models into the package (bfloat16, T5X format) + manifest.
 
   python scripts/export_models.py   # after train_model.py and distill_target.py
   python scripts/export_models.py --models=t5_local_draft_tiny   # one model
+  python scripts/export_models.py --run_dir=t5_local_target=runs/target_cpu_dropout \
+      --run_dir=t5_local_draft_tiny=runs/draft_tiny_cpu_on_policy ...
 
 Each model is written as a T5X checkpoint (gzip zarr leaves) under
 spec_decode/pretrained/assets/<name>/ and described in manifest.json (config,
@@ -34,6 +36,9 @@ flags.DEFINE_integer('eval_examples', 400, 'En->De test examples scored.')
 flags.DEFINE_integer('batch_size', 50, 'Decoding batch size for scoring.')
 flags.DEFINE_list('models', None, 'Names to export (default: all); the '
                   "others' manifest entries are kept as they are.")
+flags.DEFINE_multi_string('run_dir', [], 'NAME=FOLDER: export NAME from this '
+                          'training folder instead of <runs_dir>/<its '
+                          'default folder>.')
 
 # name -> (training folder or None, role)
 MODELS = {
@@ -84,6 +89,14 @@ def main(argv):
   if unknown:
     raise app.UsageError(f'--models: unknown {unknown}; expected names from '
                          f'{sorted(MODELS)}.')
+  run_dirs = {}
+  for item in FLAGS.run_dir:
+    name, sep, folder = item.partition('=')
+    if not sep or name not in MODELS or MODELS[name][0] is None:
+      raise app.UsageError(
+          f'--run_dir={item!r}: expected NAME=FOLDER with NAME one of '
+          f'{sorted(n for n, (run, _) in MODELS.items() if run)}.')
+    run_dirs[name] = folder
   manifest = {}
   if FLAGS.models and os.path.exists(pretrained.MANIFEST_PATH):
     with open(pretrained.MANIFEST_PATH) as f:
@@ -98,7 +111,7 @@ def main(argv):
       model = distill.unigram_model(counts, vocabulary.eos_id)
       summary, step = {'fitted': 'closed form from target output counts'}, 0
     else:
-      run_dir = os.path.join(FLAGS.runs_dir, run)
+      run_dir = run_dirs.get(name, os.path.join(FLAGS.runs_dir, run))
       summary = training_summary(run_dir)
       model = train_state.load_trained(run_dir, eos_id=vocabulary.eos_id)
       step = summary['steps']

@@ -11,14 +11,19 @@ import os
 from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 
 from spec_decode import evaluation
 from spec_decode import generation
+from spec_decode import sampling as sampling_lib
+from spec_decode import verification
 from spec_decode.data import batching
 from spec_decode.data import tasks
 from spec_decode.data.corpora import Pair
 from spec_decode.losses import LossFn
 from spec_decode.model import Model
+from spec_decode.model import shift_right
+from spec_decode.model.network import Transformer
 
 Array = jax.Array
 EvalStep = Callable[[Any, Dict[str, Any]], Dict[str, Array]]
@@ -121,6 +126,58 @@ def evaluate_agreement(eval_step: EvalStep, params,
   metrics = evaluate(eval_step, params, sampler, mixture, count)
   return {f'{name}/target_agreement': metrics[f'{name}/accuracy']
           for name in sorted(mixture)}
+
+
+def expected_acceptance(target: Model, draft: Model,
+                        sampler: batching.BatchSampler,
+                        mixture: Mapping[str, float], count: int,
+                        sampling: Optional[sampling_lib.SamplingConfig] = None
+                        ) -> Dict[str, float]:
+  """Mean beta = sum_x min(p(x), q(x)) along the teacher's greedy outputs.
+
+  Beta is the exact probability that speculative sampling accepts the
+  draft's token at a position (Theorem 3.5); averaged over the positions of
+  the target's own outputs it estimates the paper's alpha under sampling
+  without decoding, as `evaluate_agreement` does at temperature 0. Both
+  models' logits go through the same processing the decoders apply.
+
+  Args:
+    target: The target (p).
+    draft: The draft (q), same vocabulary.
+    sampler: Batches of the splits `load_agreement_splits` returns.
+    mixture: The tasks to evaluate (keys).
+    count: Examples per task (the first ones).
+    sampling: Temperature / top-k / top-p (default: temperature 1).
+
+  Returns:
+    `<task>/expected_acceptance` per task.
+  """
+  sampling = sampling or sampling_lib.SamplingConfig(temperature=1.0)
+  if sampling.greedy:
+    raise ValueError('sampling must have temperature > 0 (at temperature 0 '
+                     'acceptance is evaluate_agreement).')
+
+  @jax.jit
+  def beta_sums(target_params, draft_params, inputs, targets):
+    decoder_inputs = shift_right(targets)
+    p, q = (jnp.exp(sampling_lib.process_logits(
+        Transformer(model.config).apply({'params': params}, inputs,
+                                        decoder_inputs), sampling))
+            for model, params in ((target, target_params),
+                                  (draft, draft_params)))
+    weights = (targets > 0).astype(jnp.float32)  # [batch, length]
+    return (jnp.sum(verification.overlap_mass(p, q) * weights),
+            jnp.sum(weights))
+
+  results = {}
+  for name in sorted(mixture):
+    total, tokens = 0.0, 0.0
+    for batch in sampler.eval_batches(name, count):
+      beta, weight = beta_sums(target.params, draft.params, batch['inputs'],
+                               batch['targets'])
+      total, tokens = total + float(beta), tokens + float(weight)
+    results[f'{name}/expected_acceptance'] = total / max(tokens, 1.0)
+  return results
 
 
 def translation_metrics(model: Model, vocabulary, pairs: Sequence[Pair],
