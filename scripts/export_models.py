@@ -121,8 +121,9 @@ def main(argv):
     bf16 = jax.tree_util.tree_map(
         lambda x: np.asarray(x).astype('bfloat16'), model.params)
     checkpoints.save_t5x_checkpoint(folder, bf16, step=step)
+    # The activation dtype is the loader's choice; dropout is for training.
     config_fields = {k: v for k, v in model.config.__dict__.items()
-                     if k != 'dtype'}
+                     if k not in ('dtype', 'dropout_rate')}
     config_fields['mlp_activations'] = list(config_fields['mlp_activations'])
     count = parameter_count(model.params)
     manifest[name] = {
