@@ -20,6 +20,7 @@ from spec_decode import decoding
 from spec_decode import sampling as sampling_lib
 from spec_decode.model import T5Config
 from spec_decode.model.model import shift_right
+from spec_decode.model.model import teacher_forced_logits
 from spec_decode.model.network import Transformer
 
 Array = jax.Array
@@ -113,8 +114,8 @@ def on_policy_loss(student_config: T5Config, teacher_config: T5Config,
       student_config, student_params, encoder_input_tokens, rng,
       max_decode_len, temperature)
   decoder_inputs = shift_right(targets)
-  teacher_logits = Transformer(teacher_config).apply(
-      {'params': teacher_params}, encoder_input_tokens, decoder_inputs)
+  teacher_logits = teacher_forced_logits(teacher_config, teacher_params,
+                                         encoder_input_tokens, decoder_inputs)
   rngs = None if dropout_rng is None else {'dropout': dropout_rng}
   student_logits = Transformer(student_config).apply(
       {'params': student_params}, encoder_input_tokens, decoder_inputs,

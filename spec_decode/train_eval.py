@@ -23,7 +23,7 @@ from spec_decode.data.corpora import Pair
 from spec_decode.losses import LossFn
 from spec_decode.model import Model
 from spec_decode.model import shift_right
-from spec_decode.model.network import Transformer
+from spec_decode.model.model import teacher_forced_logits
 
 Array = jax.Array
 EvalStep = Callable[[Any, Dict[str, Any]], Dict[str, Array]]
@@ -161,8 +161,8 @@ def expected_acceptance(target: Model, draft: Model,
   def beta_sums(target_params, draft_params, inputs, targets):
     decoder_inputs = shift_right(targets)
     p, q = (jnp.exp(sampling_lib.process_logits(
-        Transformer(model.config).apply({'params': params}, inputs,
-                                        decoder_inputs), sampling))
+        teacher_forced_logits(model.config, params, inputs, decoder_inputs),
+        sampling))
             for model, params in ((target, target_params),
                                   (draft, draft_params)))
     weights = (targets > 0).astype(jnp.float32)  # [batch, length]

@@ -155,9 +155,11 @@ def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _teacher_forced_logits(config: T5Config, params: Params,
-                           encoder_input_tokens: Array,
-                           decoder_input_tokens: Array) -> Array:
+def teacher_forced_logits(config: T5Config, params: Params,
+                          encoder_input_tokens: Array,
+                          decoder_input_tokens: Array) -> Array:
+  """float32 logits [batch, dec_len, vocab], without dropout (`Model.logits`
+  without its argument checks, for callers inside a jit)."""
   return Transformer(config).apply({'params': params}, encoder_input_tokens,
                                    decoder_input_tokens)
 
@@ -274,7 +276,7 @@ class Model:
       raise ValueError(
           f'encoder_input_tokens has batch {enc.shape[0]} but '
           f'decoder_input_tokens has batch {dec.shape[0]}; they must match.')
-    return _teacher_forced_logits(self._config, self._params, enc, dec)
+    return teacher_forced_logits(self._config, self._params, enc, dec)
 
   def encode(self, encoder_input_tokens: Any) -> Array:
     """The encoder output [batch, enc_len, emb_dim] after `encoder_norm`."""
