@@ -2,10 +2,16 @@ r"""Where a speculative iteration's time goes, with the shipped models.
 
   python scripts/iteration_costs.py --draft=t5_local_draft_tiny --gamma=3
 
-Prints the machine (CPU model and a digest of its flags, backend), then the
-K-curve: what a target call scoring K = 1 .. --max_k tokens costs in
-single-token steps, and c (`costs.measure_profile`, measured afresh, not
-read from the cache). Then, at batch 1 on one held-out En->De input:
+Prints the machine (CPU model and a digest of its flags, backend) and the
+path decoder products take (`kernels.available()`: the few-row kernel's
+code path, or 'xla'), then the K-curve: what a target call scoring
+K = 1 .. --max_k tokens costs in single-token steps, and c (measured
+afresh, not read from the cache). Where the kernel runs, the K-curve is
+measured for it and for XLA's dots in one interleaved run, so the two
+single-token steps compare directly. Then how far a row's logits in a
+K-token call are from the same positions scored one token per call (max
+|difference| per K, per path). Then, at batch 1 on one held-out En->De
+input:
   * the decoder-call costs the analysis uses (target at 1 and gamma+1
     tokens, draft at 1 and 2 tokens; the draft's first step after an
     all-accepted iteration feeds 2), each timed inside a compiled loop as
@@ -23,18 +29,27 @@ streaming rate at K = 1 (the memory bound) and its arithmetic rate at the
 largest K (the compute bound) can be read off.
 """
 
+from typing import List
+
 from absl import app
 from absl import flags
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 import spec_decode as sd
 from spec_decode import benchmark
+from spec_decode import compile as compile_lib
 from spec_decode import costs
 from spec_decode import evaluation
+from spec_decode import kernels
 from spec_decode import pretrained
 from spec_decode.data import tasks
+from spec_decode.model import init_cache
 from spec_decode.model import parameter_count
 from spec_decode.model import truncated_model
+from spec_decode.model.model import decode_chunk
+from spec_decode.model.model import prepare_decoding
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
@@ -60,7 +75,12 @@ def layer_profile(target, draft) -> None:
   rest = seconds['no decoder layers']
   layer = (seconds['all layers'] - rest) / layers
   layer_params = parameter_count(target.params['decoder']['layers_0'])
-  layer_bytes = layer_params * np.dtype(target.config.dtype).itemsize
+  prepared = target.decode_kernels
+  if prepared is None:
+    layer_bytes = layer_params * np.dtype(target.config.dtype).itemsize
+  else:  # What the kernel streams per step: its panels.
+    layer_bytes = sum(panels.nbytes for panels in jax.tree_util.tree_leaves(
+        prepared['decoder']['layers_0']))
   ks = range(1, FLAGS.max_k + 1)
   print('K:                                     ' +
         ' '.join(f'{k:6d}' for k in ks))
@@ -77,24 +97,80 @@ def layer_profile(target, draft) -> None:
         f'at K = {FLAGS.max_k}')
 
 
+def k_curves(target, draft, paths) -> None:
+  """Prints the K-curve and c on each path, measured interleaved."""
+  probe = np.ones((1, 32), np.int32)
+  ks = range(1, FLAGS.max_k + 1)
+  variants = {}
+  for path in paths:
+    use_kernel = path != 'xla'
+    variants.update({(path, 'target', k): (target, k, use_kernel)
+                     for k in ks})
+    variants[(path, 'draft', 1)] = (draft, 1, use_kernel)
+  seconds = benchmark.decoder_call_seconds(variants, probe, FLAGS.repeats)
+  for path in paths:
+    step = seconds[(path, 'target', 1)]
+    print(f'K-curve on {path} (target call on K tokens / one-token step, '
+          f'batch 1; one-token step {1e3 * step:.2f} ms): ' +
+          ' '.join(f'{k}:{seconds[(path, "target", k)] / step:.2f}'
+                   for k in ks) +
+          f'; c = {seconds[(path, "draft", 1)] / step:.4f}')
+  if len(paths) == 2:
+    print(f'one-token step, {paths[0]} over xla: '
+          f'{seconds[(paths[0], "target", 1)] / seconds[("xla", "target", 1)]:.2f}')
+
+
+def chunk_consistency(model, enc, use_kernel: bool) -> List[float]:
+  """Max |logit difference|, per K, between one call on K tokens and the
+  same K positions scored one call each (from the same cache)."""
+  config = model.config
+  tokens = jnp.asarray(np.random.RandomState(0).randint(
+      2, config.vocab_size, (enc.shape[0], 16)), jnp.int32)
+  with kernels.enabled_as(use_kernel):
+    prepared = model.decode_kernels
+  encoded = prepare_decoding(config, model.params, jnp.asarray(enc))
+  step = jax.jit(lambda t, s, c: decode_chunk(config, model.params, t, s, c,
+                                              encoded, prepared),
+                 compiler_options=compile_lib.CPU_COMPILER_OPTIONS)
+  start = jnp.zeros((enc.shape[0],), jnp.int32)
+  # Positions 0..7 fed one at a time fill the cache both ways start from.
+  cache = init_cache(config, enc.shape[0], 32)
+  for i in range(8):
+    _, cache = step(tokens[:, i:i + 1], start + i, cache)
+  differences = []
+  for k in range(1, FLAGS.max_k + 1):
+    together, _ = step(tokens[:, 8:8 + k], start + 8, cache)
+    one_by_one, single_cache = [], cache
+    for i in range(k):
+      logits, single_cache = step(tokens[:, 8 + i:9 + i], start + 8 + i,
+                                  single_cache)
+      one_by_one.append(logits)
+    differences.append(float(jnp.max(jnp.abs(
+        together - jnp.concatenate(one_by_one, axis=1)))))
+  return differences
+
+
 def main(argv):
   del argv
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)
   machine = costs.machine_description()
   print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
-  profile = costs.measure_profile(target, draft, 1, FLAGS.max_k - 1,
-                                  repeats=FLAGS.repeats)
-  print(f'K-curve (target call on K tokens / one-token step, batch 1; '
-        f'one-token step {1e3 * profile.target_step_seconds:.2f} ms): ' +
-        ' '.join(f'{k}:{profile.verify_cost(k - 1):.2f}'
-                 for k in range(1, FLAGS.max_k + 1)) +
-        f'; c = {profile.c:.4f}')
-  if FLAGS.layer_profile:
-    layer_profile(target, draft)
+  path = kernels.available()
+  print(f'decoder products: {path}' + (
+      '' if path != 'xla' else ' (kernel switched off, not built, or not '
+      'on a CPU)'))
+  k_curves(target, draft, (path, 'xla') if path != 'xla' else ('xla',))
   source = tasks.load_pairs('translate_en_de', 'test')[FLAGS.example][0]
   enc = evaluation.trim_padding(evaluation.encode_inputs(
       pretrained.vocabulary(), 'translate_en_de', [source], 64))
+  for use_kernel in ((True, False) if path != 'xla' else (False,)):
+    differences = chunk_consistency(target, enc, use_kernel)
+    print(f'max |logits of a K-token call - K one-token calls| on '
+          f'{path if use_kernel else "xla"}: ' +
+          ' '.join(f'{k}:{d:.2g}' for k, d in enumerate(differences, 1)))
+  if FLAGS.layer_profile:
+    layer_profile(target, draft)
   calls = {
       'target, 1 token': (target, 1),
       f'target, {FLAGS.gamma + 1} tokens': (target, FLAGS.gamma + 1),

@@ -9,20 +9,28 @@ products, chained as the decoder chains them (residual sums and the gated
 MLP's product; no attention, norms or cache), with the shipped target's real
 weights, and times the chain at K = 1 .. --max_k in one compiled call:
 
-  * with the project's CPU options (`compile.CPU_COMPILER_OPTIONS`) and
-    with XLA's defaults;
-  * with T5X's kernel layout [in, out] (`x @ W`), and with each kernel
-    stored transposed, [out, in] (`W_t @ x^T`: the small K becomes the
-    product's minor output dimension).
+  * on XLA's dots with the project's CPU options
+    (`compile.CPU_COMPILER_OPTIONS`) and with XLA's defaults, with T5X's
+    kernel layout [in, out] (`x @ W`) and with each kernel stored
+    transposed, [out, in] (`W_t @ x^T`: the small K becomes the product's
+    minor output dimension);
+  * on the few-row kernel (`spec_decode.kernels`), with bfloat16 panels
+    (what decoding uses for the shipped models, whose weights are bfloat16
+    values) and float32 panels.
 
-Printed: the machine, then per setting the chain's time at each K over its
-own K = 1 time. A decoder call cannot cost less, in single steps, than the
-best of these rows allows, whatever is done around the products; the
-dots at K = 1 stream the weights at the machine's memory bandwidth, which
-is also printed.
+All settings take turns at each K (interleaved, after warm-up; medians).
+Printed: the machine and the kernel's code path, then per setting the
+chain's time at each K over its own K = 1 time, its K = 1 time and
+streaming rate, and each setting's time over the XLA-defaults [in, out]
+row at each K (where the kernel stops paying: `kernels.MAX_ROWS`). A
+decoder call cannot cost less, in single steps, than the best of these
+rows allows, whatever is done around the products. --output writes the
+milliseconds as JSON.
+
+  python scripts/k_token_dots.py --ks=1,2,3,4,5,6,7,8,16,32,64,96,128
 """
 
-import time
+import json
 from typing import Callable, Dict, List
 
 from absl import app
@@ -31,14 +39,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import benchmark
 from spec_decode import compile as compile_lib
 from spec_decode import costs
+from spec_decode import kernels
 from spec_decode import pretrained
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
-flags.DEFINE_integer('max_k', 8, 'Largest K.')
-flags.DEFINE_integer('repeats', 15, 'Timed calls per K (median).')
+flags.DEFINE_list('ks', ['1', '2', '3', '4', '5', '6', '7', '8'],
+                  'Rows (tokens) per product.')
+flags.DEFINE_integer('repeats', 15, 'Timed calls per K and setting.')
+flags.DEFINE_string('output', None, 'Write the milliseconds as JSON here.')
 
 LAYER_KERNELS = (('self_attention', 'query'), ('self_attention', 'key'),
                  ('self_attention', 'value'), ('self_attention', 'out'),
@@ -58,13 +70,8 @@ def decoder_kernels(params) -> List[Dict[str, jax.Array]]:
   return chain
 
 
-def dot_chain(transposed: bool) -> Callable:
-  """The decoder's products on x [K, emb], kernels [in, out] or [out, in]."""
-  def mul(x, kernel):
-    if transposed:  # kernel [out, in]: (kernel @ x^T)^T, K minor in the dot.
-      return jax.lax.dot_general(kernel, x, (((1,), (1,)), ((), ()))).T
-    return x @ kernel
-
+def dot_chain(mul: Callable) -> Callable:
+  """The decoder's products on x [K, emb], each as `mul(x, kernel)`."""
   def run(x, chain):
     for layer in chain[:-1]:
       get = lambda name, layer=layer: layer[name]
@@ -80,43 +87,76 @@ def dot_chain(transposed: bool) -> Callable:
   return run
 
 
-def median_ms(fn, *args) -> float:
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(FLAGS.repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return 1e3 * float(np.median(times))
+def _transposed_product(x, kernel):
+  # kernel [out, in]: (kernel @ x^T)^T, K minor in the dot.
+  return jax.lax.dot_general(kernel, x, (((1,), (1,)), ((), ()))).T
+
+
+def settings(chain) -> Dict[str, tuple]:
+  """Name -> (jitted chain, its kernels)."""
+  chain_t = jax.tree_util.tree_map(lambda w: jnp.asarray(np.asarray(w).T),
+                                   chain)
+  result = {}
+  for options_name, options in (
+      ('XLA, project options', compile_lib.CPU_COMPILER_OPTIONS),
+      ('XLA defaults', None)):
+    result[f'{options_name}, [in, out]'] = (
+        jax.jit(dot_chain(lambda x, w: x @ w), compiler_options=options),
+        chain)
+    result[f'{options_name}, [out, in]'] = (
+        jax.jit(dot_chain(_transposed_product), compiler_options=options),
+        chain_t)
+  if kernels.enabled():
+    for dtype in (jnp.bfloat16, jnp.float32):
+      packed = jax.tree_util.tree_map(
+          lambda w, dtype=dtype: kernels.pack_kernel(w, dtype), chain)
+      result[f'few-row kernel, {jnp.dtype(dtype).name} panels'] = (
+          jax.jit(dot_chain(kernels.matmul),
+                  compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
+  return result
 
 
 def main(argv):
   del argv
   machine = costs.machine_description()
   print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  print(f'few-row kernel: {kernels.available()}')
   target = pretrained.load(FLAGS.target)
   chain = decoder_kernels(target.params)
-  chain_t = jax.tree_util.tree_map(lambda w: jnp.asarray(np.asarray(w).T),
-                                   chain)
   weight_bytes = sum(w.size * w.dtype.itemsize
                      for w in jax.tree_util.tree_leaves(chain))
-  emb = target.config.emb_dim
+  print(f'{weight_bytes / 1e6:.1f} MB of float32 kernels per decoder step')
+  ks = [int(k) for k in FLAGS.ks]
   rng = np.random.RandomState(0)
-  ks = list(range(1, FLAGS.max_k + 1))
-  print(f'{weight_bytes / 1e6:.1f} MB of kernels per decoder step')
-  print('K:' + ' ' * 42 + ''.join(f'{k:7d}' for k in ks))
-  options = {'project options': compile_lib.CPU_COMPILER_OPTIONS,
-             'XLA defaults': None}
-  for options_name, compiler_options in options.items():
-    for layout, transposed, kernels in (('[in, out]', False, chain),
-                                        ('[out, in]', True, chain_t)):
-      fn = jax.jit(dot_chain(transposed), compiler_options=compiler_options)
-      ms = [median_ms(fn, jnp.asarray(rng.randn(k, emb), jnp.float32),
-                      kernels) for k in ks]
-      print(f'{options_name}, kernels {layout}:'.ljust(44) +
-            ''.join(f'{m / ms[0]:7.2f}' for m in ms) +
-            f'   (K = 1: {ms[0]:.2f} ms, {weight_bytes / ms[0] / 1e6:.1f} '
-            'GB/s)', flush=True)
+  chains = settings(chain)
+  ms = {name: [] for name in chains}
+  for k in ks:
+    x = jnp.asarray(rng.randn(k, target.config.emb_dim), jnp.float32)
+    timings = benchmark.interleaved_timings(
+        {name: (lambda fn=fn, weights=weights: fn(x, weights))
+         for name, (fn, weights) in chains.items()}, FLAGS.repeats)
+    for name in chains:
+      ms[name].append(1e3 * benchmark.median(timings[name]))
+    print(f'K = {k}: ' + ', '.join(f'{name} {ms[name][-1]:.2f} ms'
+                                    for name in chains), flush=True)
+  width = max(len(name) for name in chains) + 2
+  print('\ntime at K over the same setting at K = 1')
+  print('K:'.ljust(width) + ''.join(f'{k:7d}' for k in ks))
+  for name in chains:
+    bytes_per_step = weight_bytes / (2 if 'bfloat16' in name else 1)
+    print(f'{name}:'.ljust(width) +
+          ''.join(f'{m / ms[name][0]:7.2f}' for m in ms[name]) +
+          f'   (K = 1: {ms[name][0]:.2f} ms, '
+          f'{bytes_per_step / ms[name][0] / 1e6:.1f} GB/s)')
+  reference = 'XLA defaults, [in, out]'
+  print(f'\ntime over {reference} at the same K')
+  for name in chains:
+    print(f'{name}:'.ljust(width) + ''.join(
+        f'{m / r:7.2f}' for m, r in zip(ms[name], ms[reference])))
+  if FLAGS.output:
+    with open(FLAGS.output, 'w') as f:
+      json.dump({'machine': machine, 'kernel': kernels.available(),
+                 'ks': ks, 'milliseconds': ms}, f, indent=1)
 
 
 if __name__ == '__main__':

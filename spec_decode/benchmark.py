@@ -11,12 +11,13 @@ use them are in `analysis`.
 import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from spec_decode import compile as compile_lib
+from spec_decode import kernels
 from spec_decode.model import init_cache
 from spec_decode.model import Model
 from spec_decode.model.model import decode_chunk
@@ -68,13 +69,14 @@ def _decode_steps_function(config):
   decoders' loops are) rather than one the compiler may unroll.
   """
 
-  def run(params, tokens, start, cache, encoded, steps):
+  def run(params, prepared, tokens, start, cache, encoded, steps):
     chunk_len = tokens.shape[1]
 
     def body(i, carry):
       tokens, cache = carry
       logits, cache = decode_chunk(config, params, tokens,
-                                   start + i * chunk_len, cache, encoded)
+                                   start + i * chunk_len, cache, encoded,
+                                   prepared)
       return jnp.argmax(logits, axis=-1).astype(jnp.int32), cache
 
     return jax.lax.fori_loop(0, steps, body, (tokens, cache))[0]
@@ -117,7 +119,49 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
   tokens = jnp.ones((batch, chunk_len), jnp.int32)
   start = jnp.full((batch,), position, jnp.int32)
   count = jnp.asarray(steps, jnp.int32)
-  return lambda: run(model.params, tokens, start, cache, encoded, count)
+  prepared = model.decode_kernels
+  return lambda: run(model.params, prepared, tokens, start, cache, encoded,
+                     count)
+
+
+def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int, bool]],
+                         encoder_input_tokens: Any, repeats: int = 7,
+                         steps: int = 12, position: int = 8
+                         ) -> Dict[Any, float]:
+  """Seconds one decoder call takes, for several kinds of call at once.
+
+  Each kind runs inside a compiled while loop, as the decoders make its
+  calls, once `steps` times and once twice per timed run; the difference
+  over steps - 2 is one call without the per-run dispatch (which a decoding
+  loop pays once per `generate`, not per step). All runs take turns
+  (interleaved, after warm-up), and medians count.
+
+  Args:
+    variants: Name -> (model, tokens per row per call, whether its products
+      run on the few-row CPU kernel where it is available).
+    encoder_input_tokens: int [batch, enc_len] probe inputs.
+    repeats: Timed runs per kind of call.
+    steps: Calls in the longer run (> 2).
+    position: Decoder position of the first call.
+
+  Returns:
+    Name -> seconds per call.
+  """
+  calls = {}
+  for name, (model, chunk_len, use_kernel) in variants.items():
+    with kernels.enabled_as(use_kernel):
+      for count in (2, steps):
+        calls[(name, count)] = timed_decoder_calls(
+            model, encoder_input_tokens, chunk_len, position, count,
+            cache_steps=steps)
+  timings = interleaved_timings(calls, repeats, warmup=1)
+  seconds = {}
+  for name in variants:
+    long = median(timings[(name, steps)])
+    short = median(timings[(name, 2)])
+    # Clamped: noise must not make a call free.
+    seconds[name] = max(long - short, 0.05 * long) / (steps - 2)
+  return seconds
 
 
 def decoder_step_seconds(model: Model, encoder_input_tokens: Any,

@@ -1,10 +1,15 @@
 """`jit` for the decoders, with CPU compiler options that matter for speed.
 
 On CPUs, XLA's default routes small-row matrix products (a target scoring
-gamma + 1 tokens, a batch of a few rows) through a library path that costs
-several times a one-row product; keeping those dots on XLA's own path makes
-scoring 6 tokens cost ~1.7 single-token steps instead of ~2.7 on our 2-core
-machines (figures in README). Other backends compile with their defaults.
+gamma + 1 tokens, a batch of a few rows) through a library (YNNPACK) path
+that costs several times a one-row product, so nothing goes there: dots
+stay on XLA's own emitters (where the few-row kernel does not take them,
+`spec_decode.kernels`), and so do reductions. YNNPACK's reductions of 8 or
+more rows sum in another order than of fewer, which alone kept a position
+scored in an 8-token decoder call from getting the bits it gets scored
+alone (`scripts/iteration_costs.py` measures it); without them a call is
+batch-invariant at every K, and no slower. Other backends compile with
+their defaults.
 """
 
 import functools
@@ -13,8 +18,8 @@ from typing import Any, Callable, Dict, Sequence
 import jax
 
 CPU_COMPILER_OPTIONS: Dict[str, Any] = {
-    # Only reductions go to YNNPACK; dots stay on XLA's own emitters.
-    'xla_cpu_experimental_ynn_fusion_type': 'LIBRARY_FUSION_TYPE_REDUCE',
+    # No fusion goes to YNNPACK: dots and reductions stay on XLA's emitters.
+    'xla_cpu_experimental_ynn_fusion_type': '',
 }
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from spec_decode import analysis
 from spec_decode import benchmark
+from spec_decode import kernels
 from spec_decode.model import Model
 
 CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
@@ -151,7 +152,9 @@ def cache_key(target: Model, draft: Model, batch_size: int,
   description = {'target': _model_digest(target),
                  'draft': _model_digest(draft),
                  'batch_size': batch_size, 'max_gamma': max_gamma,
-                 'machine': _machine_description()}
+                 'machine': _machine_description(),
+                 # The few-row kernel or XLA's dots: each has its K-curve.
+                 'decoder_products': kernels.available()}
   text = json.dumps(description, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()
 
@@ -202,11 +205,10 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
                     steps: int = 12) -> CostProfile:
   """Times target calls of 1 .. max_gamma + 1 tokens and a draft step.
 
-  Each kind of call runs inside a compiled while loop, as the decoders make
-  them, once `steps` times and once twice per timed run; the difference
-  divided by steps - 2 is one call without the per-run dispatch (which a
-  decoding loop pays once per `generate`, not per step). All runs are timed
-  in turn (interleaved, after warm-up), medians kept.
+  Each kind of call is timed inside a compiled loop, interleaved with the
+  others, the per-run dispatch differenced out
+  (`benchmark.decoder_call_seconds`), on the path decoding takes now (the
+  few-row kernel or XLA's dots, `kernels.available()`).
 
   Args:
     target: The target.
@@ -221,25 +223,15 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
     The profile.
   """
   probe = jnp.ones((batch_size, encoder_length), jnp.int32)
-  kinds = [('draft', draft, 1)] + [('target', target, k)
-                                   for k in range(1, max_gamma + 2)]
-  calls = {}
-  for name, model, k in kinds:
-    for count in (2, steps):
-      calls[(name, k, count)] = benchmark.timed_decoder_calls(
-          model, probe, k, 8, count, cache_steps=steps)
-  timings = benchmark.interleaved_timings(calls, repeats, warmup=1)
-
-  def per_call(name, k):
-    long = benchmark.median(timings[(name, k, steps)])
-    short = benchmark.median(timings[(name, k, 2)])
-    # Clamped: noise must not make a call free.
-    return max(long - short, 0.05 * long) / (steps - 2)
-
+  use_kernel = kernels.enabled()
+  variants = {('target', k): (target, k, use_kernel)
+              for k in range(1, max_gamma + 2)}
+  variants[('draft', 1)] = (draft, 1, use_kernel)
+  seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
   return CostProfile(
-      target_step_seconds=per_call('target', 1),
-      draft_step_seconds=per_call('draft', 1),
-      verify_seconds=tuple(per_call('target', k)
+      target_step_seconds=seconds[('target', 1)],
+      draft_step_seconds=seconds[('draft', 1)],
+      verify_seconds=tuple(seconds[('target', k)]
                            for k in range(1, max_gamma + 2)))
 
 

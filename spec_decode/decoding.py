@@ -99,7 +99,7 @@ def _constrain_state(state: _BaselineState) -> _BaselineState:
 def baseline_generate(config, params, encoder_input_tokens, rng,
                       max_decode_len, sampling, eos_id,
                       partitioning: Optional[partitioning_lib.Partitioning]
-                      = None) -> DecodeResult:
+                      = None, prepared: Any = None) -> DecodeResult:
   """Jitted baseline decoding; call `spec_decode.generate` instead.
 
   Args:
@@ -111,19 +111,21 @@ def baseline_generate(config, params, encoder_input_tokens, rng,
     sampling: A `SamplingConfig` (static).
     eos_id: End-of-sequence id (traced: changing it does not recompile).
     partitioning: The mesh and rules of sharded params (static), or None.
+    prepared: `Model.decode_kernels` (the few-row CPU kernel's weights),
+      or None for XLA's dots.
 
   Returns:
     A `DecodeResult`.
   """
   with partitioning_lib.active(partitioning):
     return _baseline_loop(config, params, encoder_input_tokens, rng,
-                          max_decode_len, sampling, eos_id)
+                          max_decode_len, sampling, eos_id, prepared)
 
 
 def _baseline_loop(config, params, encoder_input_tokens, rng, max_decode_len,
-                   sampling, eos_id) -> DecodeResult:
+                   sampling, eos_id, prepared) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
-  encoded = prepare_decoding(config, params, encoder_input_tokens)
+  encoded = prepare_decoding(config, params, encoder_input_tokens, prepared)
   keys = sampling_lib.row_keys(rng, batch)
 
   def cond(state):
@@ -132,7 +134,7 @@ def _baseline_loop(config, params, encoder_input_tokens, rng, max_decode_len,
   def body(state):
     start = jnp.full((batch,), state.step, jnp.int32)
     logits, cache = decode_chunk(config, params, state.last_token[:, None],
-                                 start, state.cache, encoded)
+                                 start, state.cache, encoded, prepared)
     logits = logits[:, 0]  # [batch, vocab]
     logprobs = sampling_lib.process_logits(logits, sampling)
     token = sampling_lib.sample_tokens(

@@ -129,7 +129,7 @@ def _decode(model: Model, draft: Optional[Model], tokens: Any, rng: Array,
   if not gamma:
     return decoding.baseline_generate(model.config, model.params, tokens, rng,
                                       max_decode_len, sampling, eos_id,
-                                      model.partitioning)
+                                      model.partitioning, model.decode_kernels)
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=gamma, **options)

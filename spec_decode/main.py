@@ -33,6 +33,7 @@ import jax
 from spec_decode import costs as costs_lib
 from spec_decode import evaluation
 from spec_decode import gin_utils
+from spec_decode import kernels
 from spec_decode import report as report_lib
 from spec_decode import reproduce
 from spec_decode import specs
@@ -67,6 +68,9 @@ class MainConfig:
       (`specs.MeshSpec`); 1 on one device shards nothing.
     vocabulary: SentencePiece model file of the target's vocabulary; None is
       the target's own (`specs.ModelSpec.vocabulary`).
+    cpu_kernel: Run decoder products on the few-row CPU kernel where it is
+      built (`spec_decode.kernels`); False: XLA's dots, for comparisons.
+      Both decoders always take the same path.
   """
   target: specs.ModelSpec = specs.ModelSpec(
       label='local target', pretrained='t5_local_target')
@@ -85,6 +89,7 @@ class MainConfig:
   timing_repeats: int = 3
   num_partitions: Union[int, str] = 1
   vocabulary: Optional[str] = None
+  cpu_kernel: bool = True
 
 
 def _log(message: str) -> None:
@@ -173,6 +178,8 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
     raise ValueError(f"gamma must be 'auto' or a positive integer, got "
                      f'{config.gamma!r}.')
   start = time.time()
+  if not config.cpu_kernel:
+    kernels.set_enabled(False)
   _log(f'loading {config.target.describe()} and {config.draft.describe()}')
   vocabulary = config.target.vocabulary(config.vocabulary)
   specs.check_vocabulary(vocabulary, config.target.model_config())
@@ -182,7 +189,10 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
   _log(f'draft:  {draft}')
   machine = costs_lib.machine_description()
   _log(f"machine: {machine['cpu']} ({machine['backend']}, "
-       f"{machine['cpu_count']} cores)")
+       f"{machine['cpu_count']} cores; {machine['cpu_vector_flags']})")
+  decoder_products = kernels.available()
+  _log(f'decoder products: {decoder_products} (the few-row CPU kernel\'s '
+       "code path, or 'xla' for XLA's dots)")
   profile = costs_lib.cost_profile(
       target, draft, 1, max_gamma=max(costs_lib.DEFAULT_MAX_GAMMA,
                                       0 if config.gamma == 'auto'
@@ -190,7 +200,7 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
   _log(f'c = {profile.c:.4f} (draft step '
        f'{1e3 * profile.draft_step_seconds:.2f} ms, target step '
        f'{1e3 * profile.target_step_seconds:.2f} ms); a target call scoring '
-       'K = 1..%d tokens costs %s target steps' % (
+       f'K = 1..%d tokens on {decoder_products} costs %s target steps' % (
            profile.max_gamma + 1, ' / '.join(
                f'{profile.verify_cost(k - 1):.2f}'
                for k in range(1, profile.max_gamma + 2))))
@@ -220,6 +230,7 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
         'to its end).')
   report = {'config': dataclasses.asdict(config),
             'costs': profile.to_json(), 'machine': machine,
+            'decoder_products': decoder_products,
             'device': jax.devices()[0].device_kind,
             'seconds': time.time() - start, 'rows': rows}
   if report_lib.is_writer():

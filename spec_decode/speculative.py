@@ -72,8 +72,8 @@ def _write_rows(array: Array, values: Array, start: Array) -> Array:
           array, values, start)
 
 
-def _draft_first_step(config, params, encoded, cache, inputs, lengths,
-                      catch_up: Array):
+def _draft_first_step(config, params, prepared, encoded, cache, inputs,
+                      lengths, catch_up: Array):
   """The draft's logits at each row's position n, and its updated cache.
 
   Normally the draft's cache already holds every position before n (it fed
@@ -86,6 +86,7 @@ def _draft_first_step(config, params, encoded, cache, inputs, lengths,
   Args:
     config: The draft's config.
     params: The draft's parameters.
+    prepared: The draft's `Model.decode_kernels` (or None).
     encoded: The draft's `EncodedInputs`.
     cache: The draft's cache.
     inputs: int32 [batch, buffer + 1]: 0 then the emitted tokens.
@@ -100,7 +101,7 @@ def _draft_first_step(config, params, encoded, cache, inputs, lengths,
     start = jnp.maximum(lengths - 1, 0)
     logits, cache = decode_chunk(config, params,
                                  _slice_rows(inputs, start, 2), start, cache,
-                                 encoded)
+                                 encoded, prepared)
     # Position n is chunk index 1, except at n = 0 where it is index 0.
     return jnp.take_along_axis(logits, (lengths - start)[:, None, None],
                                axis=1)[:, 0], cache
@@ -108,15 +109,15 @@ def _draft_first_step(config, params, encoded, cache, inputs, lengths,
   def feed_last(cache):
     logits, cache = decode_chunk(config, params,
                                  _slice_rows(inputs, lengths, 1), lengths,
-                                 cache, encoded)
+                                 cache, encoded, prepared)
     return logits[:, 0], cache
 
   return jax.lax.cond(catch_up, feed_last_two, feed_last, cache)
 
 
-def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
-                     catch_up: Array, gamma: int, sampling: SamplingConfig,
-                     stop_rule=None, stopped=None):
+def _draft_proposals(config, params, prepared, encoded, cache, inputs,
+                     lengths, keys, catch_up: Array, gamma: int,
+                     sampling: SamplingConfig, stop_rule=None, stopped=None):
   """Runs the draft gamma steps (fewer with a `stop_rule`) from each row.
 
   Returns:
@@ -125,8 +126,8 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
     int32 [batch] proposals per row.
   """
   step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
-  logits, cache = _draft_first_step(config, params, encoded, cache, inputs,
-                                    lengths, catch_up)
+  logits, cache = _draft_first_step(config, params, prepared, encoded, cache,
+                                    inputs, lengths, catch_up)
   logprobs = sampling_lib.process_logits(logits, sampling)
   token = sampling_lib.sample_tokens(step_keys[:, 0], logprobs,
                                      sampling.greedy)
@@ -134,7 +135,7 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
 
     def decode(cache, token, i):
       logits, cache = decode_chunk(config, params, token[:, None],
-                                   lengths + i, cache, encoded)
+                                   lengths + i, cache, encoded, prepared)
       return logits[:, 0], cache
 
     return draft_stop_lib.propose(decode, cache, token, logprobs, step_keys,
@@ -144,7 +145,7 @@ def _draft_proposals(config, params, encoded, cache, inputs, lengths, keys,
     cache, token = carry
     # Proposal i comes from feeding proposal i - 1 at position n + i.
     logits, cache = decode_chunk(config, params, token[:, None],
-                                 lengths + i, cache, encoded)
+                                 lengths + i, cache, encoded, prepared)
     logprobs = sampling_lib.process_logits(logits[:, 0], sampling)
     next_token = sampling_lib.sample_tokens(step_keys[:, i], logprobs,
                                             sampling.greedy)
@@ -166,14 +167,16 @@ def _speculative_generate(target_config, draft_config, target_params,
                           max_decode_len: int, sampling: SamplingConfig,
                           eos_id: int, gamma: int, lenience: float,
                           verification: str = 'token', draft_stop=None,
-                          target_partitioning=None, draft_partitioning=None
+                          target_partitioning=None, draft_partitioning=None,
+                          target_prepared=None, draft_prepared=None
                           ) -> DecodeResult:
   # The target's rules apply to everything but the draft's own calls.
   with partitioning_lib.active(target_partitioning):
     return _speculative_loop(
         target_config, draft_config, target_params, draft_params,
-        encoder_input_tokens, rng, max_decode_len, sampling, eos_id, gamma,
-        lenience, verification, draft_stop,
+        target_prepared, draft_prepared, encoder_input_tokens, rng,
+        max_decode_len, sampling, eos_id, gamma, lenience, verification,
+        draft_stop,
         functools.partial(partitioning_lib.active, draft_partitioning))
 
 
@@ -186,7 +189,8 @@ def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
 
 
 def _speculative_loop(target_config, draft_config, target_params,
-                      draft_params, encoder_input_tokens, rng,
+                      draft_params, target_prepared, draft_prepared,
+                      encoder_input_tokens, rng,
                       max_decode_len: int, sampling: SamplingConfig,
                       eos_id: int, gamma: int, lenience: float,
                       verification: str, draft_stop, as_draft
@@ -198,10 +202,10 @@ def _speculative_loop(target_config, draft_config, target_params,
   cache_len = max_decode_len + gamma + 2
   buffer_len = max_decode_len + gamma + 1
   target_encoded = prepare_decoding(target_config, target_params,
-                                    encoder_input_tokens)
+                                    encoder_input_tokens, target_prepared)
   with as_draft():
     draft_encoded = prepare_decoding(draft_config, draft_params,
-                                     encoder_input_tokens)
+                                     encoder_input_tokens, draft_prepared)
   keys = sampling_lib.row_keys(rng, batch)
   positions = jnp.arange(gamma + 1, dtype=jnp.int32)
 
@@ -218,7 +222,8 @@ def _speculative_loop(target_config, draft_config, target_params,
 
     with as_draft():
       draft_tokens, draft_probs, draft_cache, proposed = _draft_proposals(
-          draft_config, draft_params, draft_encoded, state.draft_cache,
+          draft_config, draft_params, draft_prepared, draft_encoded,
+          state.draft_cache,
           state.inputs, n, draft_keys, jnp.any(state.draft_behind & active),
           gamma, sampling, draft_stop, ~active)
 
@@ -227,7 +232,7 @@ def _speculative_loop(target_config, draft_config, target_params,
     target_logits, target_cache = decode_chunk(
         target_config, target_params,
         jnp.concatenate([last_token, draft_tokens], axis=1), n,
-        state.target_cache, target_encoded)
+        state.target_cache, target_encoded, target_prepared)
     target_probs = jnp.exp(sampling_lib.process_logits(target_logits,
                                                        sampling))
 
@@ -364,4 +369,5 @@ def speculative_generate(target: Model, draft: Model,
                                draft.params, encoder_input_tokens, rng,
                                max_decode_len, sampling, eos_id, gamma,
                                lenience, verification, stop_rule,
-                               target.partitioning, draft.partitioning)
+                               target.partitioning, draft.partitioning,
+                               target.decode_kernels, draft.decode_kernels)

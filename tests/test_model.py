@@ -10,8 +10,8 @@ from spec_decode.model import init_cache
 from spec_decode.model import param_shapes
 from spec_decode.model import parameter_count
 from spec_decode.model import shift_right
-from spec_decode.model.layers import relative_position_bucket
-from spec_decode.model.layers import relative_position_bucket_jnp
+from spec_decode.model.attention import relative_position_bucket
+from spec_decode.model.attention import relative_position_bucket_jnp
 from spec_decode.model.model import decode_chunk
 from spec_decode.model.model import prepare_decoding
 from spec_decode.model.network import Transformer

@@ -14,8 +14,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import kernels
 from spec_decode import partitioning as partitioning_lib
 from spec_decode import validation
+from spec_decode.model import decode_kernels
 from spec_decode.model.config import T5Config
 from spec_decode.model.network import DecoderCache
 from spec_decode.model.network import EncodedInputs
@@ -135,23 +137,48 @@ def check_params(config: T5Config, params: Params, source: str = 'params'
                        f'the config expects {tuple(expected[key].shape)}.')
 
 
+def _variables(params: Params, prepared: Optional[Params]) -> Params:
+  variables = {'params': params}
+  if prepared is not None:
+    variables[decode_kernels.DECODE_KERNELS] = prepared
+  return variables
+
+
 def prepare_decoding(config: T5Config, params: Params,
-                     encoder_input_tokens: Array) -> EncodedInputs:
-  """Runs the encoder and the cross-attention key/value projections once."""
-  return Transformer(config).apply({'params': params}, encoder_input_tokens,
+                     encoder_input_tokens: Array,
+                     prepared: Optional[Params] = None) -> EncodedInputs:
+  """Runs the encoder and the cross-attention key/value projections once.
+
+  `prepared` is `Model.decode_kernels` (the few-row CPU kernel's weights) or
+  None for XLA's dots, as for `decode_chunk`.
+  """
+  return Transformer(config).apply(_variables(params, prepared),
+                                   encoder_input_tokens,
                                    method=Transformer.prepare_decoding)
 
 
 def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
-                 cache: DecoderCache, encoded: EncodedInputs
+                 cache: DecoderCache, encoded: EncodedInputs,
+                 prepared: Optional[Params] = None
                  ) -> Tuple[Array, DecoderCache]:
   """Scores `tokens` [batch, K] at positions start[b]..start[b]+K-1.
+
+  Args:
+    config: The model config.
+    params: Its parameters.
+    tokens: int [batch, K].
+    start: int [batch] position of each row's first token.
+    cache: The decoder cache.
+    encoded: From `prepare_decoding`.
+    prepared: `Model.decode_kernels`: the model's kernels for the few-row
+      CPU kernel, or None for XLA's dots.
 
   Returns:
     float32 logits [batch, K, vocab] and the updated cache.
   """
-  return Transformer(config).apply({'params': params}, tokens, start, cache,
-                                   encoded, method=Transformer.decode)
+  return Transformer(config).apply(_variables(params, prepared), tokens,
+                                   start, cache, encoded,
+                                   method=Transformer.decode)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -195,6 +222,7 @@ class Model:
     # Placements of this model on meshes it was not sharded for (a draft
     # replicated beside a sharded target), made once per mesh.
     self._placements: Dict[Any, 'Model'] = {}
+    self._decode_kernels: Optional[Params] = None
 
   @property
   def config(self) -> T5Config:
@@ -212,6 +240,22 @@ class Model:
   def partitioning(self) -> Optional[partitioning_lib.Partitioning]:
     """The mesh and rules the params are sharded with; None: one device."""
     return self._partitioning
+
+  @property
+  def decode_kernels(self) -> Optional[Params]:
+    """The model's kernels laid out for the few-row CPU kernel, or None.
+
+    Prepared on first use and kept (`decode_kernels.prepare` says what
+    they cost in memory). None, so decoding uses XLA's dots, when the
+    kernel is switched off or not built (`spec_decode.kernels.available()`),
+    off a CPU, or for a model sharded over a mesh.
+    """
+    if self._partitioning is not None or not kernels.enabled():
+      return None
+    if self._decode_kernels is None:
+      self._decode_kernels = decode_kernels.prepare(self._config,
+                                                    self._params)
+    return self._decode_kernels
 
   def shard(self, mesh: jax.sharding.Mesh,
             rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None

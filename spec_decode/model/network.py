@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from spec_decode import partitioning
+from spec_decode.model import attention
 from spec_decode.model import layers
 from spec_decode.model.config import T5Config
 
@@ -114,7 +115,7 @@ class EncoderLayer(nn.Module):
     dropout = lambda y: nn.Dropout(cfg.dropout_rate)(
         y, deterministic=deterministic)
     y = layers.RMSNorm(dtype, name='pre_attention_layer_norm')(x)
-    y = layers.MultiHeadAttention(
+    y = attention.MultiHeadAttention(
         cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype,
         cfg.float32_attention_logits, name='attention')(y, y, bias)
     x = x + dropout(y)
@@ -136,7 +137,7 @@ class Encoder(nn.Module):
     dtype = cfg.activation_dtype
     dropout = lambda y: nn.Dropout(cfg.dropout_rate)(
         y, deterministic=deterministic)
-    relpos = layers.RelativePositionBiases(
+    relpos = attention.RelativePositionBiases(
         cfg.relative_attention_num_buckets,
         cfg.relative_attention_max_distance, cfg.num_heads, dtype,
         name='relpos_bias')
@@ -145,7 +146,7 @@ class Encoder(nn.Module):
       positions = jnp.arange(encoder_input_tokens.shape[1], dtype=jnp.int32)
       valid = encoder_input_tokens > 0
       # [batch, 1, len, len] + [1, heads, len, len]
-      bias = (layers.mask_to_bias(
+      bias = (attention.mask_to_bias(
           valid[:, None, :, None] & valid[:, None, None, :], dtype)
               + relpos(positions[None, :], positions, bidirectional=True))
     for index in range(cfg.num_encoder_layers):
@@ -161,13 +162,13 @@ class DecoderLayer(nn.Module):
   def setup(self):
     cfg = self.config
     dtype = cfg.activation_dtype
-    attention = lambda: layers.MultiHeadAttention(
+    make_attention = lambda: attention.MultiHeadAttention(
         cfg.num_heads, cfg.head_dim, cfg.emb_dim, dtype,
         cfg.float32_attention_logits)
     self.pre_self_attention_layer_norm = layers.RMSNorm(dtype)
-    self.self_attention = attention()
+    self.self_attention = make_attention()
     self.pre_cross_attention_layer_norm = layers.RMSNorm(dtype)
-    self.encoder_decoder_attention = attention()
+    self.encoder_decoder_attention = make_attention()
     self.pre_mlp_layer_norm = layers.RMSNorm(dtype)
     self.mlp = layers.GatedMlp(cfg.mlp_dim, cfg.mlp_activations, dtype,
                                cfg.dropout_rate)
@@ -199,12 +200,12 @@ class DecoderLayer(nn.Module):
     """
     dropout = lambda y: self.dropout(y, deterministic=deterministic)
     y = self.pre_self_attention_layer_norm(x)
-    key, value = self.self_attention.project_kv(y)
+    query, key, value = self.self_attention.project_qkv(y)
     cached_key, cached_value = _constrain_kv(
         write_chunk(cached_key, key, start, axis=3),
         write_chunk(cached_value, value, start, axis=2))
-    x = x + dropout(self.self_attention.attend(y, cached_key, cached_value,
-                                               self_bias))
+    x = x + dropout(self.self_attention.attend_heads(
+        query, cached_key, cached_value, self_bias))
     y = self.pre_cross_attention_layer_norm(x)
     x = x + dropout(self.encoder_decoder_attention.attend(
         y, cross_key, cross_value, cross_bias))
@@ -221,7 +222,7 @@ class Decoder(nn.Module):
   def setup(self):
     cfg = self.config
     dtype = cfg.activation_dtype
-    self.relpos_bias = layers.RelativePositionBiases(
+    self.relpos_bias = attention.RelativePositionBiases(
         cfg.relative_attention_num_buckets,
         cfg.relative_attention_max_distance, cfg.num_heads, dtype)
     # A list attribute gets T5X's names layers_0, layers_1, ...
@@ -253,11 +254,11 @@ class Decoder(nn.Module):
       key_positions = jnp.arange(cache.length, dtype=jnp.int32)
       causal = key_positions[None, None, :] <= query_positions[:, :, None]
       # [batch, heads, K, cache_len]
-      self_bias = (layers.mask_to_bias(causal[:, None], dtype)
+      self_bias = (attention.mask_to_bias(causal[:, None], dtype)
                    + self.relpos_bias(query_positions, key_positions,
                                       bidirectional=False))
       # [batch, 1, 1, enc_len]
-      cross_bias = layers.mask_to_bias(
+      cross_bias = attention.mask_to_bias(
           encoded.encoder_mask[:, None, None, :], dtype)
     keys, values = [], []
     for index, layer in enumerate(self.layers):

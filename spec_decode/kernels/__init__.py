@@ -1,0 +1,271 @@
+"""Our own CPU matrix kernel for decoder calls on few rows.
+
+A decoder call on M = batch x chunk tokens multiplies M-row activations by
+every decoder kernel. At small M its cost should be what streaming the
+weights from memory costs, whatever M is: that is the premise of
+speculative decoding (scoring gamma + 1 tokens costs about one step). On
+CPUs XLA breaks it (a 2..16-row product repacks the weight every call), so
+decoder products at decode time on one CPU device run `few_rows.cc`, called
+as an XLA FFI custom call inside the compiled loop, on weights laid out for
+it once per model (`pack_kernel`). The encoder, training, teacher-forced
+scoring, accelerators and sharded models keep XLA's dots.
+
+  kernels.available()      # 'avx2', 'avx512', 'portable' or 'xla'
+  kernels.set_enabled(False)   # or SPEC_DECODE_KERNELS=off: XLA's dots
+
+Every output element is one float32 fused multiply-add chain over k in
+order, whatever the number of rows, the tile or the instruction set, so a
+row's result does not depend on the rows computed with it, and the AVX2,
+AVX-512 and portable paths agree bit for bit.
+"""
+
+import contextlib
+import os
+from typing import Iterator
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from spec_decode.kernels import library
+
+Array = jax.Array
+
+PANEL = 32  # Output columns per panel (few_rows.cc's kPanel).
+
+# The kernel runs products of up to this many rows (batch x chunk tokens);
+# larger ones are compute-bound and go to XLA's dots, which were as fast
+# from about 96 rows on (scripts/kernel_curve.py measures the crossover).
+MAX_ROWS = 96
+
+_SWITCH_VARIABLE = 'SPEC_DECODE_KERNELS'
+_enabled = os.environ.get(_SWITCH_VARIABLE, 'on').strip().lower() not in (
+    '0', 'off', 'false', 'no')
+
+
+def set_enabled(enabled: bool) -> None:
+  """Turns the kernel on or off for models prepared from now on.
+
+  Models whose decode kernels were already prepared keep them; `Model`
+  prepares them on first use and remembers the switch it saw.
+  Environment: SPEC_DECODE_KERNELS=off starts a process with it off.
+  """
+  global _enabled
+  _enabled = bool(enabled)
+
+
+@contextlib.contextmanager
+def enabled_as(enabled: bool) -> Iterator[None]:
+  """`set_enabled(enabled)` inside a `with` block, restored after it."""
+  before = _enabled
+  set_enabled(enabled)
+  try:
+    yield
+  finally:
+    set_enabled(before)
+
+
+def enabled() -> bool:
+  """Whether decoding uses the kernel now: switched on, built, on a CPU."""
+  return (_enabled and jax.default_backend() == 'cpu'
+          and library.load() is not None)
+
+
+def available() -> str:
+  """Which path computes decoder products at decode time in this process.
+
+  Returns:
+    'avx512', 'avx2' or 'portable' (the kernel's code path on this CPU), or
+    'xla' (switched off, not built, or not on a CPU).
+  """
+  if not enabled():
+    return 'xla'
+  return library.ISA_NAMES[library.best_isa()]
+
+
+@flax.struct.dataclass
+class PackedKernel:
+  """A [K, N] kernel in the few-row kernel's layout, prepared once.
+
+  Attributes:
+    panels: [ceil(N / 32), K, 32] float32 or bfloat16: column panels, each
+      a contiguous stream, zero past N. bfloat16 panels interleave each
+      16-column half (slot 2i: column i, slot 2i + 1: column 8 + i).
+    features: N, the product's output width.
+  """
+  panels: Array
+  features: int = flax.struct.field(pytree_node=False)
+
+  @property
+  def depth(self) -> int:
+    """K, the contracted width."""
+    return self.panels.shape[1]
+
+
+def _bf16_slots() -> np.ndarray:
+  column = np.arange(PANEL)
+  return (column // 16) * 16 + 2 * (column % 8) + (column % 16) // 8
+
+
+def packed_dtype(kernel: np.ndarray, activation_dtype=jnp.float32):
+  """The panel dtype that changes no result, preferring half the bytes.
+
+  bfloat16 when the model computes in bfloat16 (its dots round the kernel
+  to bfloat16 anyway) or when every weight is a bfloat16 value already (the
+  shipped models are stored so); float32 otherwise.
+  """
+  if jnp.dtype(activation_dtype) == jnp.bfloat16:
+    return jnp.bfloat16
+  as_float = np.asarray(kernel, np.float32)
+  rounded = np.asarray(jnp.asarray(as_float, jnp.bfloat16).astype(jnp.float32))
+  return jnp.bfloat16 if np.array_equal(as_float, rounded) else jnp.float32
+
+
+def pack_kernel(kernel, dtype=None) -> PackedKernel:
+  """Lays out a T5X [in, out] kernel for the few-row kernel.
+
+  Args:
+    kernel: [K, N] array (numpy or jax), T5X's layout.
+    dtype: jnp.float32 or jnp.bfloat16; None picks `packed_dtype`.
+
+  Returns:
+    A `PackedKernel` on the default device.
+
+  Raises:
+    ValueError: `kernel` is not 2-D or `dtype` is neither.
+  """
+  kernel = np.asarray(kernel, np.float32)
+  if kernel.ndim != 2:
+    raise ValueError(f'kernel must be 2-D [in, out], got shape '
+                     f'{kernel.shape}.')
+  dtype = packed_dtype(kernel) if dtype is None else jnp.dtype(dtype)
+  if dtype not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(f'dtype must be float32 or bfloat16, got {dtype}.')
+  depth, features = kernel.shape
+  count = -(-features // PANEL)
+  padded = np.zeros((depth, count * PANEL), np.float32)
+  padded[:, :features] = kernel
+  # [K, P * 32] -> [P, K, 32]
+  panels = padded.reshape(depth, count, PANEL).transpose(1, 0, 2)
+  if dtype == jnp.bfloat16:
+    interleaved = np.empty_like(panels)
+    interleaved[..., _bf16_slots()] = panels
+    panels = interleaved
+  return PackedKernel(panels=jnp.asarray(panels, dtype), features=features)
+
+
+def unpack_kernel(packed: PackedKernel) -> np.ndarray:
+  """The [K, N] float32 kernel a `PackedKernel` holds (for checks)."""
+  panels = np.asarray(packed.panels.astype(jnp.float32))
+  if packed.panels.dtype == jnp.bfloat16:
+    panels = panels[..., _bf16_slots()]
+  count, depth, _ = panels.shape
+  return panels.transpose(1, 0, 2).reshape(depth, count * PANEL)[
+      :, :packed.features]
+
+
+def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
+           threads: int = 0) -> Array:
+  """x @ kernel in float32 by the few-row kernel, for any leading shape.
+
+  Args:
+    x: [..., K] floating activations (cast to float32, exactly for
+      bfloat16).
+    packed: The kernel, from `pack_kernel`.
+    isa: The code path: `library.ISA_BEST` (the CPU's widest) or a key of
+      `library.ISA_NAMES` (tests pin the portable reference).
+    threads: Threads sharing the product; 0: XLA's intra-op pool.
+
+  Returns:
+    float32 [..., N].
+
+  Raises:
+    ValueError: The kernel library is missing, `x` is not floating, or its
+      last axis is not the kernel's K (messages name the operand).
+  """
+  if library.load() is None:
+    raise ValueError('The few-row kernel library is not built; use XLA\'s '
+                     'dots (spec_decode.kernels.available() says which).')
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f'x must be floating, got dtype {x.dtype}.')
+  if x.ndim < 1 or x.shape[-1] != packed.depth:
+    raise ValueError(f'x has shape {x.shape}; its last axis must be the '
+                     f"kernel's input width {packed.depth}.")
+  if isa != library.ISA_BEST and isa not in library.ISA_NAMES:
+    raise ValueError(f'isa must be {library.ISA_BEST} or one of '
+                     f'{sorted(library.ISA_NAMES)}, got {isa!r}.')
+  leading = x.shape[:-1]
+  rows = int(np.prod(leading, dtype=np.int64))
+  flat = x.reshape(rows, packed.depth).astype(jnp.float32)
+  call = jax.ffi.ffi_call(
+      library.MATMUL_TARGET,
+      jax.ShapeDtypeStruct((rows, packed.features), jnp.float32),
+      vmap_method='sequential')
+  y = call(flat, packed.panels, isa=np.int32(isa), threads=np.int32(threads))
+  return y.reshape(leading + (packed.features,))
+
+
+def attention(query: Array, key: Array, value: Array, bias: Array, *,
+              isa: int = library.ISA_BEST, threads: int = 0) -> Array:
+  """T5's softmax attention (no 1/sqrt(d) scaling) by `decode_attention.cc`.
+
+  For a decoder call's few query positions: each (row, position, head) is
+  computed whole, in the same order whatever the number of positions, so a
+  position's output does not depend on the others in the call.
+
+  Args:
+    query: float32 [batch, q_len, heads, head_dim].
+    key: float32 [batch, heads, head_dim, k_len] (the cache's layout).
+    value: float32 [batch, heads, k_len, head_dim].
+    bias: float32, broadcastable to [batch, heads, q_len, k_len] (masks as
+      -1e10 and relative positions); its batch and key axes are full.
+    isa: As for `matmul`.
+    threads: As for `matmul`.
+
+  Returns:
+    float32 [batch, q_len, heads, head_dim].
+
+  Raises:
+    ValueError: The library is missing, or an operand's shape or dtype does
+      not fit (the message names it).
+  """
+  if library.load() is None:
+    raise ValueError('The CPU decoding kernels are not built; use XLA '
+                     '(spec_decode.kernels.available() says which).')
+  for name, array in (('query', query), ('key', key), ('value', value),
+                      ('bias', bias)):
+    if array.ndim != 4 or array.dtype != jnp.float32:
+      raise ValueError(f'{name} must be float32 and 4-D, got {array.dtype} '
+                       f'{array.shape}.')
+  batch, q_len, heads, depth = query.shape
+  k_len = key.shape[-1]
+  if key.shape != (batch, heads, depth, k_len):
+    raise ValueError(f'key has shape {key.shape}; expected [batch, heads, '
+                     f'head_dim, k_len] = {(batch, heads, depth, k_len)}.')
+  if value.shape != (batch, heads, k_len, depth):
+    raise ValueError(f'value has shape {value.shape}; expected '
+                     f'{(batch, heads, k_len, depth)}.')
+  if (bias.shape[0] != batch or bias.shape[1] not in (1, heads)
+      or bias.shape[2] not in (1, q_len) or bias.shape[3] != k_len):
+    raise ValueError(f'bias has shape {bias.shape}; expected [{batch}, 1 or '
+                     f'{heads}, 1 or {q_len}, {k_len}].')
+  call = jax.ffi.ffi_call(
+      library.ATTENTION_TARGET,
+      jax.ShapeDtypeStruct(query.shape, jnp.float32),
+      vmap_method='sequential')
+  return call(query, key, value, bias, isa=np.int32(isa),
+              threads=np.int32(threads))
+
+
+def pays_for(rows: int) -> bool:
+  """Whether a product of `rows` rows should run on the kernel."""
+  return 1 <= rows <= MAX_ROWS
+
+
+__all__ = [
+    'MAX_ROWS', 'PackedKernel', 'attention', 'available', 'enabled',
+    'enabled_as',
+    'matmul', 'pack_kernel', 'packed_dtype', 'pays_for', 'set_enabled',
+    'unpack_kernel',
+]

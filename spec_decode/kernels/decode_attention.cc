@@ -1,0 +1,223 @@
+// Softmax attention of a decoder call's few query positions over its cache
+// (or the encoder output), called from XLA:CPU as an FFI custom call
+// (`spec_decode.kernels.attention`).
+//
+// Why: inside a decoder call the attention arithmetic is tiny (a few query
+// positions x heads, each over a few dozen keys), but XLA:CPU runs it as a
+// chain of small ops, and its batched dots for more than one query position
+// take a general-matrix path that costs ~10x the one-position one: at 4
+// tokens the attention cost more than the whole decoder's products. Here
+// each (row, position, head) is one item, computed whole by one thread:
+//
+//   logits[l] = fma chain over d of q[d] * key[d][l]   (d in order)
+//   logits[l] += bias[l];  w = exp(logits - max) / sum (sum in l order)
+//   out[d]    = fma chain over l of w[l] * value[l][d]  (l in order)
+//
+// As in `few_rows.cc`, that arithmetic is the same whatever the number of
+// positions, the thread or the instruction set (the loops vectorise across
+// l or d only, and exp is our own polynomial made of the same fused
+// multiply-adds everywhere), so a position's output does not depend on the
+// positions scored with it, and the AVX2, AVX-512 and portable paths give
+// the same bits. The semantics are T5's: no 1/sqrt(d) scaling (folded into
+// the initialisation), an additive bias (masks as -1e10, relative
+// positions), float32 throughout.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu_features.h"
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace spec_decode {
+
+using Heads = ffi::Buffer<ffi::F32, 4>;
+
+namespace {
+
+// exp(x) in float32 to ~1 ulp (Cody-Waite reduction and a degree-6
+// polynomial, as Cephes' expf), 0 below -87.3 (where float32 underflows).
+// Only adds, fused multiply-adds and bit operations, so a vectorised loop
+// and a scalar one round alike.
+inline float Exp(float x) {
+  const float clamped = std::max(x, -87.3f);
+  // Round to the nearest integer by the 1.5 * 2^23 trick: exact for
+  // |v| < 2^22, and the same in every lane and every path.
+  const float shift = 12582912.0f;
+  const float n = (clamped * 1.44269504088896341f + shift) - shift;
+  float r = std::fma(n, -0.693359375f, clamped);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return x < -87.3f ? 0.0f : p * scale;
+}
+
+// One item: query [D] over keys [D][L] and values [L][D] with bias [L].
+// `scratch` holds L floats. Inlined into each instruction set's wrapper,
+// which the compiler vectorises for that target.
+__attribute__((always_inline)) inline void AttendItem(
+    const float* __restrict query, const float* __restrict keys,
+    const float* __restrict values, const float* __restrict bias, int64_t depth,
+    int64_t length, float* __restrict scratch, float* __restrict out) {
+  for (int64_t l = 0; l < length; ++l) scratch[l] = 0.0f;
+  for (int64_t d = 0; d < depth; ++d) {
+    const float q = query[d];
+    const float* key_row = keys + d * length;
+    for (int64_t l = 0; l < length; ++l) {
+      scratch[l] = std::fma(q, key_row[l], scratch[l]);
+    }
+  }
+  float peak = -std::numeric_limits<float>::infinity();
+  for (int64_t l = 0; l < length; ++l) {
+    scratch[l] += bias[l];
+    peak = std::max(peak, scratch[l]);
+  }
+  for (int64_t l = 0; l < length; ++l) scratch[l] = Exp(scratch[l] - peak);
+  float total = 0.0f;
+  for (int64_t l = 0; l < length; ++l) total += scratch[l];
+  for (int64_t d = 0; d < depth; ++d) out[d] = 0.0f;
+  for (int64_t l = 0; l < length; ++l) {
+    const float weight = scratch[l] / total;
+    const float* value_row = values + l * depth;
+    for (int64_t d = 0; d < depth; ++d) {
+      out[d] = std::fma(weight, value_row[d], out[d]);
+    }
+  }
+}
+
+using ItemFn = void (*)(const float*, const float*, const float*, const float*,
+                        int64_t, int64_t, float*, float*);
+
+void AttendItemPortable(const float* query, const float* keys,
+                        const float* values, const float* bias, int64_t depth,
+                        int64_t length, float* scratch, float* out) {
+  AttendItem(query, keys, values, bias, depth, length, scratch, out);
+}
+
+#if SD_X86
+SD_TARGET_AVX2 void AttendItemAvx2(const float* query, const float* keys,
+                                   const float* values, const float* bias,
+                                   int64_t depth, int64_t length,
+                                   float* scratch, float* out) {
+  AttendItem(query, keys, values, bias, depth, length, scratch, out);
+}
+
+SD_TARGET_AVX512 void AttendItemAvx512(const float* query, const float* keys,
+                                       const float* values, const float* bias,
+                                       int64_t depth, int64_t length,
+                                       float* scratch, float* out) {
+  AttendItem(query, keys, values, bias, depth, length, scratch, out);
+}
+#endif
+
+ItemFn PickItem(Isa isa) {
+#if SD_X86
+  if (isa == kAvx512) return AttendItemAvx512;
+  if (isa == kAvx2) return AttendItemAvx2;
+#endif
+  return AttendItemPortable;
+}
+
+// Below this many multiply-adds one thread does the whole call.
+constexpr int64_t kMinParallelWork = 1 << 18;
+
+ffi::Error DecodeAttention(ffi::ThreadPool pool, Heads query, Heads keys,
+                           Heads values, Heads bias, int32_t isa_attr,
+                           int32_t threads_attr, ffi::Result<Heads> out) {
+  // query [B, Q, H, D], keys [B, H, D, L], values [B, H, L, D],
+  // bias [B, 1 or H, 1 or Q, L], out [B, Q, H, D].
+  const auto q_dims = query.dimensions();
+  const auto k_dims = keys.dimensions();
+  const auto v_dims = values.dimensions();
+  const auto b_dims = bias.dimensions();
+  const int64_t batch = q_dims[0], positions = q_dims[1], heads = q_dims[2],
+                depth = q_dims[3], length = k_dims[3];
+  const bool shapes_agree =
+      k_dims[0] == batch && k_dims[1] == heads && k_dims[2] == depth &&
+      v_dims[0] == batch && v_dims[1] == heads && v_dims[2] == length &&
+      v_dims[3] == depth && b_dims[0] == batch &&
+      (b_dims[1] == 1 || b_dims[1] == heads) &&
+      (b_dims[2] == 1 || b_dims[2] == positions) && b_dims[3] == length &&
+      std::equal(q_dims.begin(), q_dims.end(), out->dimensions().begin());
+  if (!shapes_agree) {
+    return ffi::Error::InvalidArgument(
+        "decode_attention: shapes of query [B, Q, H, D], keys [B, H, D, L], "
+        "values [B, H, L, D], bias [B, 1|H, 1|Q, L] and out disagree");
+  }
+  if (isa_attr < kBest || isa_attr > kAvx512) {
+    return ffi::Error::InvalidArgument("decode_attention: unknown isa");
+  }
+  Isa isa = static_cast<Isa>(isa_attr);
+  if (isa == kBest) isa = BestIsa();
+  if (!CpuSupports(isa)) {
+    return ffi::Error::InvalidArgument(
+        "decode_attention: this CPU lacks the requested instruction set");
+  }
+  const int64_t items = batch * positions * heads;
+  if (items == 0 || depth == 0) return ffi::Error::Success();
+  if (length == 0) {
+    return ffi::Error::InvalidArgument("decode_attention: no keys to attend to");
+  }
+
+  const float* q = query.typed_data();
+  const float* k = keys.typed_data();
+  const float* v = values.typed_data();
+  const float* bias_data = bias.typed_data();
+  float* o = out->typed_data();
+  const int64_t bias_heads = b_dims[1], bias_positions = b_dims[2];
+  const ItemFn item_fn = PickItem(isa);
+
+  int64_t workers = Workers(pool, threads_attr);
+  if (items * length * depth * 2 < kMinParallelWork) workers = 1;
+  const int64_t num_chunks = workers == 1 ? 1 : std::min(items, 4 * workers);
+  const int64_t per_chunk = (items + num_chunks - 1) / num_chunks;
+  ParallelFor(pool, num_chunks, workers, [&](int64_t chunk) {
+    thread_local std::vector<float> scratch;
+    scratch.resize(static_cast<size_t>(length));
+    const int64_t last = std::min(items, (chunk + 1) * per_chunk);
+    for (int64_t item = chunk * per_chunk; item < last; ++item) {
+      // item = (b * Q + p) * H + h: the output's own order.
+      const int64_t h = item % heads;
+      const int64_t p = (item / heads) % positions;
+      const int64_t b = item / (heads * positions);
+      const int64_t bh = b * heads + h;
+      const float* bias_row =
+          bias_data + ((b * bias_heads + (bias_heads == 1 ? 0 : h)) *
+                           bias_positions +
+                       (bias_positions == 1 ? 0 : p)) *
+                          length;
+      item_fn(q + item * depth, k + bh * depth * length,
+              v + bh * length * depth, bias_row, depth, length,
+              scratch.data(), o + item * depth);
+    }
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace spec_decode
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdDecodeAttention, spec_decode::DecodeAttention,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<spec_decode::Heads>()
+                                  .Arg<spec_decode::Heads>()
+                                  .Arg<spec_decode::Heads>()
+                                  .Arg<spec_decode::Heads>()
+                                  .Attr<int32_t>("isa")
+                                  .Attr<int32_t>("threads")
+                                  .Ret<spec_decode::Heads>());

@@ -1,0 +1,517 @@
+// A matrix product for few rows, y[M, N] = x[M, K] @ W[K, N], called from
+// XLA:CPU as an FFI custom call (`spec_decode.kernels.matmul`).
+//
+// Why: a decoder call on M = batch x chunk tokens streams every weight once;
+// at small M its cost is the weight bytes over the memory bandwidth, whatever
+// M is, as long as each loaded weight is reused for all M rows from
+// registers. XLA:CPU sends a 1-row product to a matrix-vector kernel and a
+// 2..16-row one to a general matrix multiply that repacks the weight on
+// every call, so scoring 4 tokens cost ~2-3 single-token calls there.
+//
+// Layout. W arrives prepared once per model (`kernels.pack_kernel`) as
+// panels of kPanel = 32 output columns, [P, K, 32], float32 or bfloat16
+// (zero-padded past N): a panel is one contiguous stream. A tile keeps
+// rows x columns float32 accumulators in registers; for every k it loads
+// the tile's weights of the panel row once and does one fused multiply-add
+// per row:
+//
+//   acc[m][n] = fma(x[m][k], W[k][n], acc[m][n]),  k = 0, 1, ..., K - 1
+//
+// That chain is the whole arithmetic of an output element. It is the same
+// whatever tile size (mt), thread or instruction set computes the element,
+// and a vector FMA is a scalar FMA per lane, so:
+//   * a row's result does not depend on how many rows come with it
+//     (batch invariance by construction);
+//   * the AVX2, AVX-512 and portable paths give the same bits, and the
+//     portable path (plain C++, std::fma) is their reference.
+// bfloat16 weights widen to float32 exactly (a 16-bit shift).
+//
+// Memory. The depth is walked in blocks of 64 rows of a panel (4-8 KB):
+// every tile of rows reads the block, the first from memory and the others
+// from L1, and each asks for the weights one block ahead, so the weights
+// stream from memory once and steadily while the tiles compute. Up to
+// ~10 rows the product then costs what streaming the weights costs.
+//
+// Threads. Chunks of panels are shared by the calling thread and helpers on
+// XLA's intra-op thread pool (`parallel.h`); each output element is
+// computed by one thread, whole.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu_features.h"
+#include "parallel.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace spec_decode {
+
+using Rows = ffi::Buffer<ffi::F32, 2>;  // [M, K] or [M, N], float32.
+
+namespace {
+
+constexpr int64_t kPanel = 32;  // Output columns per panel.
+
+// What a tile computes: running sums acc[m][c] for its rows and columns,
+// over k in [k_begin, k_end), against one panel.
+struct Tile {
+  const float* x;  // Row m0 of x; rows are ldx apart.
+  int64_t ldx;
+  const void* panel;
+  int64_t k_begin;
+  int64_t k_end;
+  float* acc;     // [mt][32] float32 sums in column order; read unless `first`.
+  bool first;     // The first block: start the sums at zero.
+  bool prefetch;  // Ask for the next block (the block's first tile does).
+  int half;       // Half-width tiles (AVX2): columns 16 * half .. + 15.
+};
+
+// Rows ahead of k the first tile of a block asks for: one block, so the
+// next block streams in from memory while every tile of this one computes
+// from L1. (Prefetches never fault, so reaching past the last panel is
+// harmless; the other tiles do not ask again: a prefetch a step costs a
+// load slot, ~30% of a tile's speed.)
+constexpr int64_t kBlockDepth = 64;
+
+template <bool kBf16>
+inline void PrefetchRow(const Tile& t, const void* panel, int64_t k) {
+  if (!t.prefetch) return;
+  constexpr int64_t kRowBytes = kBf16 ? 2 * kPanel : 4 * kPanel;
+  const char* row =
+      static_cast<const char*>(panel) + (k + kBlockDepth) * kRowBytes;
+  __builtin_prefetch(row, 0, 3);
+  if (kRowBytes > 64) __builtin_prefetch(row + 64, 0, 3);
+}
+
+// bfloat16 panels store each 16-column half interleaved: slot 2i holds
+// column i and slot 2i + 1 column 8 + i, so one 16-slot load widens to two
+// registers of 8 consecutive columns with two shifts (even slots: << 16;
+// odd slots: >> 16 << 16). `kernels.pack_kernel` lays panels out so.
+constexpr int64_t Bf16Slot(int64_t column) {
+  return (column / 16) * 16 + 2 * (column % 8) + (column % 16) / 8;
+}
+
+inline float Bf16ToFloat(uint16_t bits) {
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+// ---------------------------------------------------------------------------
+// Portable path: plain C++ (what non-x86 machines run; the reference).
+
+template <int MT, bool kBf16>
+void TilePortable(const Tile& t) {
+  float acc[MT][kPanel];
+  for (int m = 0; m < MT; ++m) {
+    for (int64_t j = 0; j < kPanel; ++j) {
+      acc[m][j] = t.first ? 0.0f : t.acc[m * kPanel + j];
+    }
+  }
+  for (int64_t k = t.k_begin; k < t.k_end; ++k) {
+    PrefetchRow<kBf16>(t, t.panel, k);
+    float w[kPanel];
+    if (kBf16) {
+      const uint16_t* row = static_cast<const uint16_t*>(t.panel) + k * kPanel;
+      for (int64_t j = 0; j < kPanel; ++j) w[j] = Bf16ToFloat(row[Bf16Slot(j)]);
+    } else {
+      const float* row = static_cast<const float*>(t.panel) + k * kPanel;
+      for (int64_t j = 0; j < kPanel; ++j) w[j] = row[j];
+    }
+    for (int m = 0; m < MT; ++m) {
+      const float xv = t.x[m * t.ldx + k];
+      for (int64_t j = 0; j < kPanel; ++j) {
+        acc[m][j] = std::fma(xv, w[j], acc[m][j]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) {
+    for (int64_t j = 0; j < kPanel; ++j) t.acc[m * kPanel + j] = acc[m][j];
+  }
+}
+
+#if SD_X86
+
+// ---------------------------------------------------------------------------
+// AVX2 + FMA (16 registers). One or two rows: full-width tiles, four
+// registers a row (at least 4 independent chains per row keep the FMA
+// units busy). More rows: half-width tiles of up to 6 rows, two registers a
+// row, 12 accumulators (a full-width tile of 3 rows would need 17 registers
+// with bfloat16's widening and spill one accumulator every step).
+
+// Columns 16h .. 16h + 15 of panel row k as two registers of 8 columns.
+template <bool kBf16>
+SD_TARGET_AVX2 inline void LoadHalfAvx2(const void* panel, int64_t k, int h,
+                                        __m256* low, __m256* high) {
+  if (kBf16) {
+    const uint16_t* row = static_cast<const uint16_t*>(panel) + k * kPanel;
+    const __m256i v =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 16 * h));
+    *low = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *high = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(v, 16), 16));
+    return;
+  }
+  const float* row = static_cast<const float*>(panel) + k * kPanel;
+  *low = _mm256_loadu_ps(row + 16 * h);
+  *high = _mm256_loadu_ps(row + 16 * h + 8);
+}
+
+// Full width: columns 0..31, MT <= 2 rows.
+template <int MT, bool kBf16>
+SD_TARGET_AVX2 void TileAvx2(const Tile& t) {
+  // Locals, not the struct's fields: the compiler then keeps every
+  // accumulator in a register for the whole k loop.
+  const float* __restrict x = t.x;
+  const void* __restrict panel = t.panel;
+  float* __restrict sums = t.acc;
+  const int64_t ldx = t.ldx, k_end = t.k_end;
+  __m256 acc[MT][4];
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      acc[m][j] = t.first ? _mm256_setzero_ps()
+                          : _mm256_loadu_ps(sums + m * kPanel + 8 * j);
+    }
+  }
+#pragma GCC unroll 4
+  for (int64_t k = t.k_begin; k < k_end; ++k) {
+    PrefetchRow<kBf16>(t, panel, k);
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256 low, high;
+      LoadHalfAvx2<kBf16>(panel, k, h, &low, &high);
+#pragma GCC unroll 8
+      for (int m = 0; m < MT; ++m) {
+        const __m256 xk = _mm256_broadcast_ss(x + m * ldx + k);
+        acc[m][2 * h] = _mm256_fmadd_ps(xk, low, acc[m][2 * h]);
+        acc[m][2 * h + 1] = _mm256_fmadd_ps(xk, high, acc[m][2 * h + 1]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) _mm256_storeu_ps(sums + m * kPanel + 8 * j, acc[m][j]);
+  }
+}
+
+// Half width: columns 16 * t.half .. + 15, MT <= 6 rows.
+template <int MT, bool kBf16>
+SD_TARGET_AVX2 void TileHalfAvx2(const Tile& t) {
+  const float* __restrict x = t.x;
+  const void* __restrict panel = t.panel;
+  float* __restrict sums = t.acc + 16 * t.half;
+  const int64_t ldx = t.ldx, k_end = t.k_end;
+  const int h = t.half;
+  __m256 acc[MT][2];
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      acc[m][j] = t.first ? _mm256_setzero_ps()
+                          : _mm256_loadu_ps(sums + m * kPanel + 8 * j);
+    }
+  }
+#pragma GCC unroll 4
+  for (int64_t k = t.k_begin; k < k_end; ++k) {
+    PrefetchRow<kBf16>(t, panel, k);
+    __m256 low, high;
+    LoadHalfAvx2<kBf16>(panel, k, h, &low, &high);
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) {
+      const __m256 xk = _mm256_broadcast_ss(x + m * ldx + k);
+      acc[m][0] = _mm256_fmadd_ps(xk, low, acc[m][0]);
+      acc[m][1] = _mm256_fmadd_ps(xk, high, acc[m][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+    _mm256_storeu_ps(sums + m * kPanel, acc[m][0]);
+    _mm256_storeu_ps(sums + m * kPanel + 8, acc[m][1]);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// AVX-512F (32 registers): full-width tiles of up to 8 rows, two registers
+// a row. Each register holds two 8-column groups: float32 panels columns
+// 0-15 and 16-31; bfloat16 panels (one load, then even and odd slots)
+// columns {0-7, 16-23} and {8-15, 24-31}.
+
+template <bool kBf16>
+struct Avx512Groups {
+  // First column of the low and high 8-column group of register j.
+  static constexpr int64_t kFirst[2][2] = {{0, kBf16 ? 16 : 8},
+                                           {kBf16 ? 8 : 16, 24}};
+};
+
+template <bool kBf16>
+SD_TARGET_AVX512 inline void LoadAvx512(const void* panel, int64_t k, __m512 w[2]) {
+  if (kBf16) {
+    const uint16_t* row = static_cast<const uint16_t*>(panel) + k * kPanel;
+    const __m512i v = _mm512_loadu_si512(row);
+    w[0] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    w[1] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_srli_epi32(v, 16), 16));
+    return;
+  }
+  const float* row = static_cast<const float*>(panel) + k * kPanel;
+  w[0] = _mm512_loadu_ps(row);
+  w[1] = _mm512_loadu_ps(row + 16);
+}
+
+// Sums in column order <-> one register's two 8-column groups.
+template <bool kBf16>
+SD_TARGET_AVX512 inline __m512 LoadSums512(const float* sums, int j) {
+  const __m256 low = _mm256_loadu_ps(sums + Avx512Groups<kBf16>::kFirst[j][0]);
+  const __m256 high = _mm256_loadu_ps(sums + Avx512Groups<kBf16>::kFirst[j][1]);
+  return _mm512_castpd_ps(_mm512_insertf64x4(
+      _mm512_castpd256_pd512(_mm256_castps_pd(low)), _mm256_castps_pd(high), 1));
+}
+
+template <bool kBf16>
+SD_TARGET_AVX512 inline void StoreSums512(float* sums, int j, __m512 value) {
+  _mm256_storeu_ps(sums + Avx512Groups<kBf16>::kFirst[j][0],
+                   _mm512_castps512_ps256(value));
+  _mm256_storeu_ps(
+      sums + Avx512Groups<kBf16>::kFirst[j][1],
+      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(value), 1)));
+}
+
+template <int MT, bool kBf16>
+SD_TARGET_AVX512 void TileAvx512(const Tile& t) {
+  const float* __restrict x = t.x;
+  const void* __restrict panel = t.panel;
+  float* __restrict sums = t.acc;
+  const int64_t ldx = t.ldx, k_end = t.k_end;
+  __m512 acc[MT][2];
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      acc[m][j] = t.first ? _mm512_setzero_ps()
+                          : LoadSums512<kBf16>(sums + m * kPanel, j);
+    }
+  }
+#pragma GCC unroll 4
+  for (int64_t k = t.k_begin; k < k_end; ++k) {
+    PrefetchRow<kBf16>(t, panel, k);
+    __m512 w[2];
+    LoadAvx512<kBf16>(panel, k, w);
+#pragma GCC unroll 8
+    for (int m = 0; m < MT; ++m) {
+      const __m512 xk = _mm512_set1_ps(x[m * ldx + k]);
+      acc[m][0] = _mm512_fmadd_ps(xk, w[0], acc[m][0]);
+      acc[m][1] = _mm512_fmadd_ps(xk, w[1], acc[m][1]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int m = 0; m < MT; ++m) {
+    StoreSums512<kBf16>(sums + m * kPanel, 0, acc[m][0]);
+    StoreSums512<kBf16>(sums + m * kPanel, 1, acc[m][1]);
+  }
+}
+#endif  // SD_X86
+
+// ---------------------------------------------------------------------------
+// Dispatch.
+
+using TileFn = void (*)(const Tile&);
+
+// How the rows of a product are cut into tiles on an instruction set.
+struct RowPlan {
+  int64_t tiles;  // Tiles of near-equal size (a 1-row tile beside full ones
+                  // would wait on its few accumulator chains).
+  bool halves;    // Each tile runs as two half-width tiles.
+};
+
+RowPlan PlanRows(Isa isa, int64_t m) {
+  switch (isa) {
+    case kAvx512: return {(m + 7) / 8, false};
+    case kAvx2:
+      if (m <= 2) return {1, false};
+      return {(m + 5) / 6, true};
+    default: return {(m + 3) / 4, false};
+  }
+}
+
+template <bool kBf16>
+TileFn PickTile(Isa isa, int mt, bool halves) {
+#if SD_X86
+  if (isa == kAvx512) {
+    switch (mt) {
+      case 1: return TileAvx512<1, kBf16>;
+      case 2: return TileAvx512<2, kBf16>;
+      case 3: return TileAvx512<3, kBf16>;
+      case 4: return TileAvx512<4, kBf16>;
+      case 5: return TileAvx512<5, kBf16>;
+      case 6: return TileAvx512<6, kBf16>;
+      case 7: return TileAvx512<7, kBf16>;
+      default: return TileAvx512<8, kBf16>;
+    }
+  }
+  if (isa == kAvx2 && halves) {
+    switch (mt) {
+      case 1: return TileHalfAvx2<1, kBf16>;
+      case 2: return TileHalfAvx2<2, kBf16>;
+      case 3: return TileHalfAvx2<3, kBf16>;
+      case 4: return TileHalfAvx2<4, kBf16>;
+      case 5: return TileHalfAvx2<5, kBf16>;
+      default: return TileHalfAvx2<6, kBf16>;
+    }
+  }
+  if (isa == kAvx2) {
+    return mt == 1 ? TileAvx2<1, kBf16> : TileAvx2<2, kBf16>;
+  }
+#endif
+  switch (mt) {
+    case 1: return TilePortable<1, kBf16>;
+    case 2: return TilePortable<2, kBf16>;
+    case 3: return TilePortable<3, kBf16>;
+    default: return TilePortable<4, kBf16>;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// One product, split into chunks of panels.
+
+struct Job {
+  const float* x;
+  const void* w;
+  float* y;
+  int64_t m, k, n, panels;
+  size_t weight_bytes;  // Bytes per weight element: 4 or 2.
+  bool bf16;
+  Isa isa;
+  int64_t chunk_panels;
+};
+
+void RunChunk(const Job& job, int64_t chunk, std::vector<float>& sums) {
+  const int64_t first = chunk * job.chunk_panels;
+  const int64_t last = std::min(job.panels, first + job.chunk_panels);
+  const RowPlan plan = PlanRows(job.isa, job.m);
+  const int64_t panel_bytes = job.k * kPanel * job.weight_bytes;
+  const char* weights = static_cast<const char*>(job.w);
+  sums.resize(static_cast<size_t>(job.m * kPanel));
+  for (int64_t p = first; p < last; ++p) {
+    Tile tile;
+    tile.panel = weights + p * panel_bytes;
+    tile.ldx = job.k;
+    for (int64_t k0 = 0; k0 < job.k; k0 += kBlockDepth) {
+      tile.k_begin = k0;
+      tile.k_end = std::min(job.k, k0 + kBlockDepth);
+      tile.first = k0 == 0;
+      int64_t m0 = 0;
+      for (int64_t i = 0; i < plan.tiles; ++i) {
+        const int64_t mt = job.m / plan.tiles + (i < job.m % plan.tiles ? 1 : 0);
+        tile.x = job.x + m0 * job.k;
+        tile.acc = sums.data() + m0 * kPanel;
+        TileFn fn = job.bf16
+                        ? PickTile<true>(job.isa, static_cast<int>(mt), plan.halves)
+                        : PickTile<false>(job.isa, static_cast<int>(mt), plan.halves);
+        for (int half = 0; half < (plan.halves ? 2 : 1); ++half) {
+          tile.half = half;
+          tile.prefetch = i == 0 && half == 0;
+          fn(tile);
+        }
+        m0 += mt;
+      }
+    }
+    const int64_t ncols = std::min<int64_t>(kPanel, job.n - p * kPanel);
+    for (int64_t m = 0; m < job.m; ++m) {
+      std::memcpy(job.y + m * job.n + p * kPanel, sums.data() + m * kPanel,
+                  ncols * sizeof(float));
+    }
+  }
+}
+
+// Below this many weight bytes one thread does the whole product: waking a
+// helper costs more than it saves.
+constexpr size_t kMinParallelBytes = 256 * 1024;
+
+
+ffi::Error FewRowMatmul(ffi::ThreadPool pool, Rows x, ffi::AnyBuffer packed,
+                        int32_t isa_attr, int32_t threads_attr,
+                        ffi::Result<Rows> y) {
+  const auto x_dims = x.dimensions();
+  const auto w_dims = packed.dimensions();
+  const auto y_dims = y->dimensions();
+  if (w_dims.size() != 3 || w_dims[2] != kPanel) {
+    return ffi::Error::InvalidArgument(
+        "few_row_matmul: packed weight must be [panels, K, 32]");
+  }
+  const ffi::DataType dtype = packed.element_type();
+  if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16) {
+    return ffi::Error::InvalidArgument(
+        "few_row_matmul: packed weight must be float32 or bfloat16");
+  }
+  const int64_t m = x_dims[0], k = x_dims[1], n = y_dims[1];
+  if (w_dims[1] != k || y_dims[0] != m || n > w_dims[0] * kPanel ||
+      n <= (w_dims[0] - 1) * kPanel) {
+    return ffi::Error::InvalidArgument(
+        "few_row_matmul: shapes of x [M, K], packed [ceil(N / 32), K, 32] "
+        "and y [M, N] disagree");
+  }
+  if (isa_attr < kBest || isa_attr > kAvx512) {
+    return ffi::Error::InvalidArgument("few_row_matmul: unknown isa");
+  }
+  Isa isa = static_cast<Isa>(isa_attr);
+  if (isa == kBest) isa = BestIsa();
+  if (!CpuSupports(isa)) {
+    return ffi::Error::InvalidArgument(
+        "few_row_matmul: this CPU lacks the requested instruction set");
+  }
+  if (m == 0 || n == 0) return ffi::Error::Success();
+
+  Job job;
+  job.x = x.typed_data();
+  job.w = packed.untyped_data();
+  job.y = y->typed_data();
+  job.m = m;
+  job.k = k;
+  job.n = n;
+  job.panels = (n + kPanel - 1) / kPanel;
+  job.bf16 = dtype == ffi::DataType::BF16;
+  job.weight_bytes = job.bf16 ? 2 : 4;
+  job.isa = isa;
+
+  int64_t workers = Workers(pool, threads_attr);
+  const size_t bytes =
+      static_cast<size_t>(job.panels) * k * kPanel * job.weight_bytes;
+  if (bytes < kMinParallelBytes) workers = 1;
+  // A few chunks per worker, so a worker that starts late still gets a share
+  // and none is left with a long tail.
+  const int64_t target_chunks = workers == 1 ? 1 : 4 * workers;
+  job.chunk_panels = (job.panels + target_chunks - 1) / target_chunks;
+  const int64_t num_chunks = (job.panels + job.chunk_panels - 1) / job.chunk_panels;
+  ParallelFor(pool, num_chunks, workers, [&job](int64_t chunk) {
+    // Per-thread running sums, reused across calls.
+    thread_local std::vector<float> sums;
+    RunChunk(job, chunk, sums);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+}  // namespace spec_decode
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SdFewRowMatmul, spec_decode::FewRowMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<spec_decode::Rows>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Attr<int32_t>("isa")
+                                  .Attr<int32_t>("threads")
+                                  .Ret<spec_decode::Rows>());
+
+// The instruction set `isa = 0` resolves to on this CPU (1 portable, 2 AVX2,
+// 3 AVX-512), and whether an explicit one can run here.
+extern "C" int32_t SdFewRowBestIsa() { return spec_decode::BestIsa(); }
+extern "C" int32_t SdFewRowSupports(int32_t isa) {
+  return isa >= spec_decode::kBest && isa <= spec_decode::kAvx512 &&
+         spec_decode::CpuSupports(static_cast<spec_decode::Isa>(isa));
+}

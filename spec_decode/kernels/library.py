@@ -1,0 +1,75 @@
+"""Finding, loading and registering the compiled CPU decoding kernels.
+
+`pip install .` compiles `few_rows.cc` (the few-row matrix product) and
+`decode_attention.cc` into one shared library next to this file
+(`_few_rows*.so`; see setup.py). Where it was not built (no C++
+compiler at install time, a platform without one) or cannot load, decoding
+uses XLA's dots and this says so once in the log.
+"""
+
+import ctypes
+import functools
+import glob
+import logging
+import os
+from typing import Optional
+
+import jax
+
+MATMUL_TARGET = 'spec_decode_few_row_matmul'
+ATTENTION_TARGET = 'spec_decode_decode_attention'
+
+# The `isa` attribute of the custom call: which code path computes.
+ISA_BEST = 0
+ISA_NAMES = {1: 'portable', 2: 'avx2', 3: 'avx512'}
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def library_path() -> Optional[str]:
+  """The built library's path, or None where it was not built."""
+  # setuptools names it like an extension module: _few_rows.<abi tag>.so.
+  paths = sorted(glob.glob(os.path.join(_HERE, '_few_rows*.so'))
+                 + glob.glob(os.path.join(_HERE, '_few_rows*.pyd')))
+  return paths[0] if paths else None
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> Optional[ctypes.CDLL]:
+  """Loads the library and registers its FFI target, once per process.
+
+  Returns:
+    The library, or None (logged once) where it is missing or unusable.
+  """
+  path = library_path()
+  if path is None:
+    logging.warning(
+        'spec_decode: the few-row CPU kernel was not built (no C++ compiler '
+        'at install time?); decoding uses XLA\'s dots.')
+    return None
+  try:
+    library = ctypes.cdll.LoadLibrary(path)
+    library.SdFewRowBestIsa.restype = ctypes.c_int32
+    library.SdFewRowSupports.restype = ctypes.c_int32
+    library.SdFewRowSupports.argtypes = [ctypes.c_int32]
+    for target, symbol in ((MATMUL_TARGET, library.SdFewRowMatmul),
+                           (ATTENTION_TARGET, library.SdDecodeAttention)):
+      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol),
+                                  platform='cpu')
+  except (OSError, AttributeError, RuntimeError, ValueError) as error:
+    logging.warning('spec_decode: the few-row CPU kernel at %s could not be '
+                    'loaded (%s); decoding uses XLA\'s dots.', path, error)
+    return None
+  return library
+
+
+def best_isa() -> Optional[int]:
+  """The code path `ISA_BEST` runs on this CPU, or None without a library."""
+  library = load()
+  return None if library is None else int(library.SdFewRowBestIsa())
+
+
+def supports(isa: int) -> bool:
+  """Whether code path `isa` (a key of `ISA_NAMES`) can run on this CPU."""
+  library = load()
+  return library is not None and bool(library.SdFewRowSupports(isa))

@@ -1,0 +1,75 @@
+// Work split over XLA's intra-op thread pool from inside an FFI call.
+//
+// The calling thread and helpers scheduled on the FFI's ThreadPool (the
+// threads XLA's own ops use, idle while a custom call runs, so nothing
+// competes for the cores and no thread is started per call) claim chunks
+// from one atomic counter. The caller works too and then waits only for
+// chunks a helper has already claimed, so it never waits on a helper the
+// pool has not started: a pool of one thread, or one busy elsewhere, cannot
+// deadlock it. A helper that starts after the work is done finds no chunk
+// and touches nothing but the shared counters, which it co-owns.
+
+#ifndef SPEC_DECODE_KERNELS_PARALLEL_H_
+#define SPEC_DECODE_KERNELS_PARALLEL_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <thread>
+
+#include "cpu_features.h"
+#include "xla/ffi/api/ffi.h"
+
+namespace spec_decode {
+
+struct ChunkQueue {
+  std::function<void(int64_t)> run;  // Runs one chunk.
+  int64_t num_chunks = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void Drain() {
+    for (;;) {
+      const int64_t chunk = next.fetch_add(1, std::memory_order_relaxed);
+      if (chunk >= num_chunks) return;
+      run(chunk);
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+inline void CpuRelax() {
+#if SD_X86
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Runs run(0) .. run(num_chunks - 1) on up to `workers` threads (the caller
+// and workers - 1 helpers from `pool`); returns when all have run.
+inline void ParallelFor(xla::ffi::ThreadPool& pool, int64_t num_chunks,
+                        int64_t workers, std::function<void(int64_t)> run) {
+  auto queue = std::make_shared<ChunkQueue>();
+  queue->run = std::move(run);
+  queue->num_chunks = num_chunks;
+  workers = std::max<int64_t>(1, std::min(workers, num_chunks));
+  for (int64_t i = 1; i < workers; ++i) {
+    pool.Schedule([queue] { queue->Drain(); });
+  }
+  queue->Drain();
+  while (queue->done.load(std::memory_order_acquire) < num_chunks) {
+    CpuRelax();
+  }
+}
+
+// Threads for a call: `requested` if positive, else the pool's size.
+inline int64_t Workers(xla::ffi::ThreadPool& pool, int32_t requested) {
+  return requested > 0 ? requested : std::max<int64_t>(1, pool.num_threads());
+}
+
+}  // namespace spec_decode
+
+#endif  // SPEC_DECODE_KERNELS_PARALLEL_H_
