@@ -22,8 +22,8 @@ class BuildOptionalKernels(build_ext.build_ext):
       import jax  # pylint: disable=g-import-not-at-top
       include = jax.ffi.include_dir()
     except Exception as error:  # pylint: disable=broad-except
-      print(f'spec_decode: jax.ffi.include_dir() failed ({error}); the '
-            'few-row CPU kernel will not be built.')
+      print(f'spec_decode: jax.ffi.include_dir() failed ({error}); the CPU '
+            'decoding kernels will not be built.')
       include = None
     for extension in self.extensions:
       if include is not None:
@@ -37,7 +37,7 @@ class BuildOptionalKernels(build_ext.build_ext):
     try:
       super().build_extension(ext)
     except Exception as error:  # pylint: disable=broad-except
-      print(f'spec_decode: the few-row CPU kernel was not built ({error}); '
+      print(f'spec_decode: the CPU decoding kernels were not built ({error}); '
             "decoding will use XLA's dots.")
 
   def get_outputs(self):

@@ -5,10 +5,11 @@ costs when it scores K tokens instead of one (1.2x on one CPU, 1.7x on
 another, ~1x on an accelerator at batch 1) and what a draft step costs next
 to a target step (c). So `gamma='auto'` measures both here, once per
 (target shapes, draft shapes, batch size, backend, device, CPU model and
-flags, jax version), keeps them in a small JSON file under the user's cache
-directory, and picks the gamma that Theorem 3.8 (at the outputs' real
-lengths) predicts to be fastest, or plain baseline decoding when none is
-predicted to beat it.
+flags, jax version, decoder kernels), keeps them in a small JSON file under
+the user's cache directory, and hands them to the rule inside the compiled
+loop (`adaptive`). The pair's acceptance (the mean beta of its last runs,
+per sampling setting) is kept in the same file, so a fresh process starts
+from it (`acceptance_prior`, `record_acceptance`).
 
 The cache is never trusted blindly: an unreadable, malformed or
 wrong-version file, or an entry whose figures are not positive numbers, is
@@ -25,24 +26,25 @@ import os
 import platform
 import tempfile
 import weakref
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from spec_decode import analysis
 from spec_decode import benchmark
 from spec_decode import kernels
 from spec_decode.model import Model
 
 CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 CACHE_FORMAT = 1
-# A choice must beat baseline by this much in prediction: measured speedups
-# run below predicted ones (loop bookkeeping, the draft's two-token first
-# step), and losing to baseline is worse than missing a small gain.
-MIN_PREDICTED_SPEEDUP = 1.1
 DEFAULT_MAX_GAMMA = 7
+# Where gamma='auto' starts a pair it has never run (each row's own
+# estimate takes over within a few iterations).
+DEFAULT_ALPHA_PRIOR = 0.5
+# The kept acceptance halves its weight past this many positions, so it
+# follows the pair's recent use.
+_ACCEPTANCE_HORIZON = 20000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,36 +169,124 @@ def cache_path() -> str:
   return os.path.join(folder, 'costs.json')
 
 
-def read_cache(path: str) -> Dict[str, Any]:
-  """The cache's entries; {} for a missing, unreadable or malformed file."""
+def _read_file(path: str) -> Dict[str, Any]:
+  """The whole cache file; {} for a missing, unreadable or malformed one."""
   try:
     with open(path) as f:
       data = json.load(f)
   except (OSError, ValueError):
     return {}
-  if (not isinstance(data, dict) or data.get('format') != CACHE_FORMAT
-      or not isinstance(data.get('entries'), dict)):
+  if not isinstance(data, dict) or data.get('format') != CACHE_FORMAT:
     return {}
-  return data['entries']
+  return data
 
 
-def write_entry(path: str, key: str, profile: CostProfile,
-                machine: Dict[str, str]) -> None:
-  """Adds one entry, replacing the file atomically."""
-  entries = read_cache(path)
-  entries[key] = {**profile.to_json(), 'machine': machine}
+def _section(data: Dict[str, Any], name: str) -> Dict[str, Any]:
+  section = data.get(name)
+  return section if isinstance(section, dict) else {}
+
+
+def _update_file(path: str, name: str, key: str, value: Any) -> None:
+  """Sets data[name][key] = value, replacing the file atomically."""
+  data = _read_file(path)
+  sections = {section: _section(data, section)
+              for section in ('entries', 'acceptance')}
+  sections[name][key] = value
   folder = os.path.dirname(os.path.abspath(path))
   os.makedirs(folder, exist_ok=True)
   handle, tmp = tempfile.mkstemp(dir=folder, prefix='.costs.',
                                  suffix='.tmp')
   try:
     with os.fdopen(handle, 'w') as f:
-      json.dump({'format': CACHE_FORMAT, 'entries': entries}, f, indent=1)
+      json.dump({'format': CACHE_FORMAT, **sections}, f, indent=1)
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
     raise
+
+
+def read_cache(path: str) -> Dict[str, Any]:
+  """The cache's cost entries; {} for a missing, unreadable or malformed
+  file."""
+  return _section(_read_file(path), 'entries')
+
+
+def write_entry(path: str, key: str, profile: CostProfile,
+                machine: Dict[str, str]) -> None:
+  """Adds one cost entry, replacing the file atomically."""
+  _update_file(path, 'entries', key, {**profile.to_json(),
+                                      'machine': machine})
+
+
+def _acceptance_key(target: Model, draft: Model, sampling: Any) -> str:
+  text = json.dumps({'target': _model_digest(target),
+                     'draft': _model_digest(draft),
+                     'sampling': [sampling.temperature, sampling.top_k,
+                                  sampling.top_p]}, sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()
+
+
+# (path, key) -> [beta_sum, beta_count, count when last written].
+_ACCEPTANCE: Dict[Tuple[str, str], list] = {}
+
+
+def _acceptance(path: str, key: str) -> list:
+  if (path, key) not in _ACCEPTANCE:
+    entry = _section(_read_file(path), 'acceptance').get(key)
+    figures = [0.0, 0]
+    if (isinstance(entry, dict)
+        and isinstance(entry.get('beta_sum'), (int, float))
+        and isinstance(entry.get('beta_count'), int)
+        and entry['beta_count'] > 0
+        and 0.0 <= entry['beta_sum'] <= entry['beta_count']):
+      figures = [float(entry['beta_sum']), entry['beta_count']]
+    _ACCEPTANCE[(path, key)] = figures + [figures[1]]
+  return _ACCEPTANCE[(path, key)]
+
+
+def acceptance_prior(target: Model, draft: Model, sampling: Any,
+                     path: Optional[str] = None) -> Optional[float]:
+  """The pair's mean beta at this sampling setting, or None before any run.
+
+  A stale or corrupt entry (not a pair of numbers with 0 <= sum <= count)
+  is ignored, as the cost entries are.
+  """
+  figures = _acceptance(path or cache_path(),
+                        _acceptance_key(target, draft, sampling))
+  return figures[0] / figures[1] if figures[1] else None
+
+
+def record_acceptance(target: Model, draft: Model, sampling: Any,
+                      beta_sum: float, beta_count: int,
+                      path: Optional[str] = None) -> None:
+  """Adds a run's betas to the pair's kept acceptance.
+
+  The file is rewritten when the positions counted grew by a quarter since
+  the last write (not after every call: a notebook's loop of calls stays
+  cheap); a read-only home keeps the figures in memory only.
+  """
+  path = path or cache_path()
+  key = _acceptance_key(target, draft, sampling)
+  figures = _acceptance(path, key)
+  figures[0] += beta_sum
+  figures[1] += beta_count
+  if figures[1] > _ACCEPTANCE_HORIZON:
+    figures[0] /= 2
+    figures[1] //= 2
+    figures[2] = 0
+  if figures[1] and figures[1] >= 1.25 * figures[2]:
+    try:
+      _update_file(path, 'acceptance', key,
+                   {'beta_sum': figures[0], 'beta_count': figures[1]})
+      figures[2] = figures[1]
+    except OSError:
+      pass
+
+
+def forget_acceptance() -> None:
+  """Drops the acceptance figures read into memory (the file stays)."""
+  _ACCEPTANCE.clear()
 
 
 def measure_profile(target: Model, draft: Model, batch_size: int,
@@ -272,32 +362,3 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
 
 
 _LOADED: Dict[Tuple[str, str], CostProfile] = {}
-
-
-def choose_gamma(alpha: float, profile: CostProfile,
-                 lengths: Sequence[float],
-                 min_speedup: float = MIN_PREDICTED_SPEEDUP
-                 ) -> Tuple[int, float]:
-  """The gamma predicted fastest, or 0 (baseline) when none pays.
-
-  Args:
-    alpha: Acceptance-rate estimate.
-    profile: Measured costs.
-    lengths: Expected output lengths (tokens).
-    min_speedup: Speculation must be predicted at least this much faster
-      than baseline.
-
-  Returns:
-    (gamma, predicted speedup); (0, 1.0) means plain baseline decoding.
-  """
-  lengths = [max(1, int(round(n))) for n in lengths]
-  alpha = float(min(max(alpha, 0.0), 1.0))
-  best, best_speedup = 0, 1.0
-  for gamma in range(1, profile.max_gamma + 1):
-    speedup = analysis.walltime_improvement_at_lengths(
-        alpha, gamma, profile.c, lengths, profile.verify_cost(gamma))
-    if speedup > best_speedup:
-      best, best_speedup = gamma, speedup
-  if best_speedup < min_speedup:
-    return 0, 1.0
-  return best, best_speedup

@@ -47,10 +47,15 @@ class DecodeResult:
     verified_positions: int32 [batch] positions beta was averaged over (the
       accepted draft tokens plus each first rejected one).
     num_iterations: int32 [] loop iterations the whole batch ran.
-    gamma: Draft tokens per iteration that ran (0: baseline decoding).
-    predicted_speedup: With `gamma='auto'`, the speedup over baseline the
-      measured costs and the alpha estimate predicted for the choice (1.0
-      for a choice of baseline); None otherwise or while calibrating.
+    proposal_counts: int32 [batch, gamma + 1]: proposal_counts[b, g] is how
+      many of row b's iterations proposed g draft tokens (baseline: all at
+      0). With gamma='auto' the rule chose them.
+    predicted_speedup: float32 [batch]: with gamma='auto', the speedup
+      over plain steps the in-loop rule expected of its choices (Theorem
+      3.8 with the row's running alpha and the measured costs); NaN
+      otherwise.
+    gamma: Most draft tokens an iteration proposed: the fixed gamma, or
+      max_gamma with gamma='auto' (0: baseline decoding).
   """
   tokens: Array
   lengths: Array
@@ -62,9 +67,9 @@ class DecodeResult:
   mean_beta: Array
   verified_positions: Array
   num_iterations: Array
+  proposal_counts: Array
+  predicted_speedup: Array
   gamma: int = flax.struct.field(pytree_node=False, default=0)
-  predicted_speedup: Optional[float] = flax.struct.field(pytree_node=False,
-                                                         default=None)
 
   @property
   def sequence_logprobs(self) -> Array:
@@ -75,6 +80,14 @@ class DecodeResult:
   def tokens_per_target_call(self) -> Array:
     """float32 [batch] emitted tokens per target call."""
     return self.lengths / jnp.maximum(self.target_calls, 1)
+
+  @property
+  def mean_proposals(self) -> Array:
+    """float32 [batch] draft tokens proposed per iteration, on average."""
+    counts = self.proposal_counts.astype(jnp.float32)
+    sizes = jnp.arange(counts.shape[-1], dtype=jnp.float32)
+    return (jnp.sum(counts * sizes, axis=-1)
+            / jnp.maximum(jnp.sum(counts, axis=-1), 1.0))
 
 
 @flax.struct.dataclass
@@ -168,4 +181,5 @@ def _baseline_loop(config, params, encoder_input_tokens, rng, max_decode_len,
       token_logprobs=state.logprobs, target_calls=state.lengths,
       draft_tokens_proposed=zeros, draft_tokens_accepted=zeros,
       acceptance_rate=nan, mean_beta=nan, verified_positions=zeros,
-      num_iterations=state.step)
+      num_iterations=state.step, proposal_counts=state.lengths[:, None],
+      predicted_speedup=nan)

@@ -4,15 +4,14 @@ It validates every argument on the host (so mistakes surface as clear errors
 naming the argument, not as XLA stack traces), then calls the jitted core.
 """
 
-import collections
-import dataclasses
-from typing import Any, Deque, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Tuple, Union
 
 import jax
 from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import adaptive
 from spec_decode import block_verification
 from spec_decode import costs
 from spec_decode import decoding
@@ -32,6 +31,7 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
              eos_id: Optional[int] = None, rng: Optional[Array] = None,
              draft: Optional[Model] = None,
              gamma: Union[int, str] = 4,
+             max_gamma: Optional[int] = None,
              lenience: float = 1.0,
              verification: str = 'token',
              draft_stop: Optional[str] = None,
@@ -55,7 +55,15 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
       rest of the batch.
     draft: A smaller model with the same vocabulary and EOS id. None runs
       baseline decoding.
-    gamma: Draft tokens proposed per iteration (>= 1); speculative only.
+    gamma: Draft tokens proposed per iteration (>= 1), or 'auto': inside
+      the compiled loop, at every iteration, each row proposes the number
+      of tokens (0 .. max_gamma; 0 is a plain target step) that Theorem 3.8
+      predicts fastest from the row's own acceptance so far and the decoder
+      costs measured on this machine (`spec_decode.adaptive`; the costs are
+      measured once and cached, the pair's alpha is kept beside them). One
+      compiled program serves every choice. Speculative only.
+    max_gamma: With gamma='auto', the most tokens a row proposes in an
+      iteration (default `costs.DEFAULT_MAX_GAMMA`); an integer >= 1.
     lenience: Paper appendix A.5. 1.0 (default) is exact. Values in (0, 1)
       accept more draft tokens and are LOSSY: outputs no longer follow the
       target's distribution.
@@ -102,19 +110,25 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   verification, _ = block_verification.check_verification(
       verification, 1.0 if draft is None else lenience)
   draft_stop_lib.check_draft_stop(draft_stop, draft_threshold)
+  if isinstance(gamma, str) and gamma != 'auto':
+    raise ValueError(f"gamma must be a positive integer or 'auto', got "
+                     f'{gamma!r}.')
+  if max_gamma is not None:
+    if gamma != 'auto':
+      raise ValueError(f"max_gamma is only for gamma='auto', got max_gamma="
+                       f'{max_gamma!r} with gamma={gamma!r}.')
+    max_gamma = validation.check_int('max_gamma', max_gamma, 1)
   if draft is not None:
     speculative.check_compatible(model, draft)
-    if isinstance(gamma, str) and gamma != 'auto':
-      raise ValueError(f"gamma must be a positive integer or 'auto', got "
-                       f'{gamma!r}.')
     if gamma != 'auto':
       gamma = validation.check_int('gamma', gamma, 1)
   model, draft, placed_tokens = _place_on_mesh(model, draft, tokens)
   options = dict(lenience=lenience, verification=verification,
                  draft_stop=draft_stop, draft_threshold=draft_threshold)
   if draft is not None and gamma == 'auto':
-    result = _auto_generate(model, draft, placed_tokens, rng, max_decode_len,
-                            sampling, eos_id, **options)
+    result = _auto_generate(
+        model, draft, placed_tokens, rng, max_decode_len, sampling, eos_id,
+        max_gamma or costs.DEFAULT_MAX_GAMMA, **options)
   else:
     result = _decode(model, draft, placed_tokens, rng, max_decode_len,
                      sampling, eos_id, gamma if draft is not None else 0,
@@ -187,100 +201,31 @@ def _check_rng(rng: Any) -> Array:
   return jnp.asarray(array)
 
 
-CALIBRATION_GAMMA = 3
-# After this many baseline choices in a row, one call speculates at
-# CALIBRATION_GAMMA again: an alpha estimate from a few unlucky (or other
-# task's) inputs would otherwise keep speculation off for good. Costs at
-# most one slower call in this many.
-REEXPLORE_AFTER = 16
-_RECENT_LENGTHS = 256
-
-
-@dataclasses.dataclass
-class _AlphaEstimate:
-  """Running acceptance and output-length figures of one (pair, sampling)."""
-  beta_sum: float = 0.0
-  beta_count: int = 0
-  baseline_streak: int = 0
-  lengths: Deque[int] = dataclasses.field(
-      default_factory=lambda: collections.deque(maxlen=_RECENT_LENGTHS))
-
-  @property
-  def alpha(self) -> float:
-    return self.beta_sum / max(self.beta_count, 1)
-
-
-_ESTIMATES: Dict[Tuple[str, Any], _AlphaEstimate] = {}
-
-
-def reset_auto_estimates() -> None:
-  """Forgets the alpha estimates `gamma='auto'` has gathered."""
-  _ESTIMATES.clear()
-
-
-def auto_estimate(model: Model, draft: Model, temperature: float = 0.0,
-                  top_k: int = 0, top_p: float = 1.0
-                  ) -> Optional[Tuple[float, Tuple[int, ...]]]:
-  """(alpha, recent output lengths) `gamma='auto'` has measured, or None."""
+def auto_prior(model: Model, draft: Model, temperature: float = 0.0,
+               top_k: int = 0, top_p: float = 1.0) -> Optional[float]:
+  """The alpha gamma='auto' starts every row from for this pair and
+  sampling (the last runs' mean beta, kept beside the measured costs), or
+  None before any run."""
   sampling = sampling_lib.SamplingConfig(temperature, top_k, top_p)
-  estimate = _ESTIMATES.get((_pair_key(model, draft), sampling))
-  if estimate is None or not estimate.beta_count:
-    return None
-  return estimate.alpha, tuple(estimate.lengths)
-
-
-def _pair_key(model: Model, draft: Model) -> str:
-  return costs.cache_key(model, draft, 0, 0)
-
-
-def resolve_auto_gamma(model: Model, draft: Model, batch_size: int,
-                       sampling: sampling_lib.SamplingConfig
-                       ) -> Tuple[int, Optional[float]]:
-  """What `gamma='auto'` would run now: (gamma, predicted speedup).
-
-  Args:
-    model: The target.
-    draft: The draft.
-    batch_size: Rows per call (costs are measured per batch size).
-    sampling: The sampling settings (alpha is estimated per setting).
-
-  Returns:
-    (gamma, predicted speedup over baseline); gamma 0 means baseline
-    decoding (predicted 1.0); (CALIBRATION_GAMMA, None) before any alpha
-    has been measured for this pair and sampling, and after
-    `REEXPLORE_AFTER` baseline choices in a row (fresh evidence).
-  """
-  profile = costs.cost_profile(model, draft, batch_size)
-  estimate = _ESTIMATES.get((_pair_key(model, draft), sampling))
-  if (estimate is None or not estimate.beta_count
-      or estimate.baseline_streak >= REEXPLORE_AFTER):
-    return min(CALIBRATION_GAMMA, profile.max_gamma), None
-  return costs.choose_gamma(estimate.alpha, profile, estimate.lengths)
-
-
-def record_auto_result(model: Model, draft: Model,
-                       sampling: sampling_lib.SamplingConfig,
-                       result: DecodeResult) -> None:
-  """Adds a result's beta and output lengths to the running estimates."""
-  estimate = _ESTIMATES.setdefault((_pair_key(model, draft), sampling),
-                                   _AlphaEstimate())
-  estimate.baseline_streak = 0 if result.gamma else (
-      estimate.baseline_streak + 1)
-  if result.gamma:
-    verified = np.asarray(result.verified_positions)
-    beta = np.nan_to_num(np.asarray(result.mean_beta))
-    estimate.beta_sum += float(np.sum(beta * verified))
-    estimate.beta_count += int(np.sum(verified))
-  estimate.lengths.extend(int(n) for n in np.asarray(result.lengths))
+  return costs.acceptance_prior(model, draft, sampling)
 
 
 def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                    max_decode_len: int, sampling, eos_id: int,
-                   **options) -> DecodeResult:
-  """Decodes with the gamma (or baseline) the measured costs favour."""
-  gamma, predicted = resolve_auto_gamma(model, draft, tokens.shape[0],
-                                        sampling)
-  result = _decode(model, draft, tokens, rng, max_decode_len, sampling,
-                   eos_id, gamma, **options)
-  record_auto_result(model, draft, sampling, result)
-  return result.replace(gamma=gamma, predicted_speedup=predicted)
+                   max_gamma: int, **options) -> DecodeResult:
+  """Speculative decoding whose proposal counts the loop chooses."""
+  profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
+  prior = costs.acceptance_prior(model, draft, sampling)
+  proposal_costs = adaptive.ProposalCosts.create(
+      verify_cost=[profile.verify_cost(g) for g in range(max_gamma + 1)],
+      draft_cost=profile.c,
+      alpha_prior=costs.DEFAULT_ALPHA_PRIOR if prior is None else prior)
+  result = speculative.speculative_generate(
+      model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
+      sampling=sampling, eos_id=eos_id, gamma=max_gamma,
+      proposal_costs=proposal_costs, **options)
+  verified = np.asarray(result.verified_positions)
+  betas = np.nan_to_num(np.asarray(result.mean_beta)) * verified
+  costs.record_acceptance(model, draft, sampling, float(np.sum(betas)),
+                          int(np.sum(verified)))
+  return result

@@ -11,13 +11,12 @@ outputs are identical, the measured alpha, tokens per target call, per-token
 latency, the measured speedup and the speedup the paper's formula predicts
 from the measured alpha and cost coefficient c. By default gamma is 'auto':
 the decoder costs are measured on this machine (cached, see
-`spec_decode.costs`), and before each example the gamma predicted fastest
-from them and the alpha seen so far runs, or plain baseline decoding when
-no gamma is predicted to pay; the table says which gammas ran. The same
-figures are written as JSON into the output folder.
+`spec_decode.costs`), and inside the compiled loop each row chooses at each
+iteration how many tokens to propose, 0 (a plain target step) to max_gamma,
+from its own acceptance so far and those costs (`spec_decode.adaptive`);
+the table says how many it proposed per iteration. The same figures are
+written as JSON into the output folder.
 """
-
-import collections
 
 import dataclasses
 import datetime
@@ -126,11 +125,15 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
       temperature=temperature, gamma=config.gamma,
       max_decode_len=config.max_decode_len, seed=config.seed,
       repeats=config.timing_repeats, on_batch=show)
-  # Predictions at the gamma most examples ran (none if that is baseline).
-  gamma = collections.Counter(figures['gammas']).most_common(1)[0][0]
-  if gamma:
+  # Theorem 3.8's predictions at the count most iterations proposed (a
+  # fixed gamma, or gamma='auto''s most common nonzero choice).
+  counts = figures['proposal_counts']
+  gamma = max(range(1, len(counts)), key=lambda g: counts[g], default=0)
+  if gamma and counts[gamma]:
     figures = reproduce.add_predictions(figures, gamma,
                                         _costs_at(profile, gamma))
+  else:
+    gamma = 0
   identical = figures['identical_rows'] == figures['rows']
   return {'task': task, 'temperature': temperature, 'gamma': gamma,
           'gamma_setting': config.gamma,
@@ -140,8 +143,9 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
 
 
 def format_table(rows: Sequence[Dict[str, object]]) -> str:
-  header = ('task', 'T', 'gammas', 'greedy=', 'alpha', 'beta', 'tok/call',
-            'base ms', 'spec ms', 'speedup', 'pred', 'pred+v', 'pred+v+n')
+  header = ('task', 'T', 'g/iter', 'greedy=', 'alpha', 'beta', 'tok/call',
+            'base ms', 'spec ms', 'speedup', 'pred loop', 'pred',
+            'pred+v', 'pred+v+n')
   lines = ['  '.join(f'{h:>9}' for h in header)]
 
   def times(value):
@@ -150,25 +154,19 @@ def format_table(rows: Sequence[Dict[str, object]]) -> str:
   for row in rows:
     same = row['greedy_identical']
     cells = (row['task'][:9], f"{row['temperature']:.1f}",
-             gamma_summary(row['gammas']),
+             f"{row['mean_proposals']:.2f}",
              '-' if same is None else ('yes' if same else 'NO'),
              f"{row['alpha']:.3f}", f"{row['alpha_beta']:.3f}",
              f"{row['tokens_per_target_call']:.2f}",
              f"{row['baseline_ms_per_token']:.2f}",
              f"{row['speculative_ms_per_token']:.2f}",
              times(row['measured_speedup']),
+             times(row.get('predicted_speedup_in_loop')),
              times(row.get('predicted_speedup')),
              times(row.get('predicted_speedup_with_verify_cost')),
              times(row.get('predicted_speedup_at_lengths')))
     lines.append('  '.join(f'{c:>9}' for c in cells))
   return '\n'.join(lines)
-
-
-def gamma_summary(gammas: Sequence[int]) -> str:
-  """'3:1,2:31' for one example at gamma 3 and 31 at 2 (0: baseline)."""
-  counts = collections.Counter(gammas)
-  return ','.join(f'{g}:{n}' for g, n in sorted(counts.items(),
-                                                  reverse=True))
 
 
 def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
@@ -222,12 +220,18 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
         print(f"  speculative: {example['speculative']}")
         print()
   print(format_table(rows))
-  print('\ngammas: gamma:examples that ran it (0: baseline decoding); '
-        'pred: Theorem 3.8 from measured alpha and c at the most common '
-        'gamma; pred+v: the same with the measured cost of scoring gamma+1 '
-        'tokens in one target call; pred+v+n: also ending each output at its '
-        'real length (the last call of an output keeps only the tokens up '
-        'to its end).')
+  print('\ng/iter: draft tokens proposed per iteration (gamma=\'auto\': '
+        'each row chooses at each iteration; 0 is a plain target step); '
+        'pred loop: the speedup gamma=\'auto\'\'s rule expected of its '
+        'choices; pred: Theorem 3.8 from measured alpha and c at the most '
+        'common count; pred+v: the same with the measured cost of scoring '
+        'gamma+1 tokens in one target call; pred+v+n: also ending each '
+        'output at its real length (the last call of an output keeps only '
+        'the tokens up to its end).')
+  for row in rows:
+    print(f"proposals per iteration, {row['task']} T={row['temperature']}: "
+          + ' '.join(f'{g}:{n}' for g, n in enumerate(row['proposal_counts'])
+                     if n))
   report = {'config': dataclasses.asdict(config),
             'costs': profile.to_json(), 'machine': machine,
             'decoder_products': decoder_products,

@@ -19,8 +19,8 @@ from spec_decode import benchmark
 from spec_decode import evaluation
 from spec_decode import generation
 from spec_decode import partitioning
-from spec_decode import sampling as sampling_lib
 from spec_decode import specs
+from spec_decode.decoding import DecodeResult
 from spec_decode.model import Model
 
 
@@ -133,11 +133,8 @@ def compare_decoders(target: Model, draft: Model,
     draft: The draft.
     batches: int32 [batch, length] encoder inputs, decoded one after another.
     temperature: 0 for greedy.
-    gamma: Draft tokens per iteration, or 'auto': before each batch,
-      `generation.resolve_auto_gamma` picks gamma (0: baseline) from the
-      measured costs and the alpha seen so far, the batch is timed at that
-      gamma (so no timed call compiles), and its result then updates the
-      estimate, as `generate(..., gamma='auto')` does.
+    gamma: Draft tokens per iteration, or 'auto' (each row chooses at
+      each iteration, inside the compiled loop; `adaptive`).
     max_decode_len: Output limit.
     lenience: 1.0 is exact.
     seed: Sampling seed (batch i uses fold_in(seed, i)).
@@ -149,12 +146,12 @@ def compare_decoders(target: Model, draft: Model,
   Returns:
     alpha (empirical and Corollary 3.6), tokens per target call, per-token
     latencies, the measured speedup, how many rows were identical, the
-    speculative output lengths (for `add_predictions`) and the gamma each
-    batch ran (`gammas`; 0 where 'auto' chose baseline decoding).
+    speculative output lengths (for `add_predictions`), the draft tokens
+    proposed per iteration (`mean_proposals`) and how many iterations
+    proposed each count (`proposal_counts`), and with gamma='auto' the
+    speedup the in-loop rule expected (`predicted_speedup_in_loop`).
   """
   rng = jax.random.PRNGKey(seed)
-  sampling = sampling_lib.SamplingConfig(temperature)
-  gammas = []
   common = dict(max_decode_len=max_decode_len, temperature=temperature)
   seconds = {'baseline': 0.0, 'speculative': 0.0}
   tokens = {'baseline': 0, 'speculative': 0}
@@ -164,22 +161,15 @@ def compare_decoders(target: Model, draft: Model,
   for index, batch in enumerate(batches):
     key = jax.random.fold_in(rng, index)
     out = {}
-    batch_gamma = gamma
-    if gamma == 'auto':
-      batch_gamma, _ = generation.resolve_auto_gamma(
-          target, draft, np.shape(batch)[0], sampling)
-    gammas.append(batch_gamma)
 
     def baseline(batch=batch, key=key, out=out):
       out['baseline'] = generation.generate(target, batch, rng=key, **common)
       return out['baseline'].tokens
 
-    def speculative(batch=batch, key=key, out=out, batch_gamma=batch_gamma):
-      options = (dict(lenience=lenience, **(decode_options or {}))
-                 if batch_gamma else {})
+    def speculative(batch=batch, key=key, out=out):
       out['speculative'] = generation.generate(
-          target, batch, rng=key, draft=draft if batch_gamma else None,
-          gamma=batch_gamma or 1, **options, **common)
+          target, batch, rng=key, draft=draft, gamma=gamma,
+          lenience=lenience, **(decode_options or {}), **common)
       return out['speculative'].tokens
 
     # A batch of a shape not seen yet first compiles both decoders, untimed.
@@ -192,8 +182,6 @@ def compare_decoders(target: Model, draft: Model,
       seconds[name] += benchmark.median(timings[name])
       tokens[name] += int(np.sum(out[name].lengths))
     spec = out['speculative']
-    if gamma == 'auto':
-      generation.record_auto_result(target, draft, sampling, spec)
     speculative_results.append(spec)
     same = np.all(np.asarray(spec.tokens) == np.asarray(
         out['baseline'].tokens), axis=1)
@@ -210,7 +198,26 @@ def compare_decoders(target: Model, draft: Model,
       'identical_rows': stats['identical'], 'rows': stats['rows'],
       'output_lengths': [int(n) for r in speculative_results
                          for n in np.asarray(r.lengths)],
-      'gammas': gammas,
+      **proposal_figures(speculative_results),
+  }
+
+
+def proposal_figures(results: Sequence[DecodeResult]) -> Dict[str, Any]:
+  """How many tokens the iterations proposed, pooled over results, and
+  what gamma='auto''s rule expected of its choices."""
+  width = max(r.proposal_counts.shape[1] for r in results)
+  counts = sum(np.pad(np.asarray(r.proposal_counts),
+                      ((0, 0), (0, width - r.proposal_counts.shape[1])))
+               .sum(axis=0) for r in results)
+  iterations = max(int(counts.sum()), 1)
+  predicted = np.concatenate([np.asarray(r.predicted_speedup)
+                              for r in results])
+  predicted = predicted[np.isfinite(predicted)]
+  return {
+      'proposal_counts': counts.tolist(),
+      'mean_proposals': float(np.dot(np.arange(width), counts) / iterations),
+      'predicted_speedup_in_loop': (float(np.mean(predicted))
+                                    if predicted.size else None),
   }
 
 

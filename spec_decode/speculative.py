@@ -1,11 +1,14 @@
 """Speculative decoding (Leviathan, Kalman & Matias, ICML 2023, Algorithm 1).
 
 Each iteration, for every row of the batch:
-  1. The draft proposes gamma tokens d_1..d_g (a row may stop sooner with
-     `draft_stop`), sampling each from its processed distribution q_i, from
-     its own cache.
-  2. The target scores [last token, d_1..d_g] in ONE decoder call, giving
-     p_1..p_{g+1} (processed with the same temperature/top-k/top-p).
+  1. The row proposes g tokens d_1..d_g: a fixed gamma, or with
+     gamma='auto' a count chosen from the row's own acceptance so far and
+     the measured costs (`adaptive`), 0 meaning a plain target step; a
+     `draft_stop` rule may stop a row sooner. The draft samples each from
+     its processed distribution q_i, from its own cache (`drafting`).
+  2. The target scores [last token, d_1..d_g] in ONE decoder call, as wide
+     as the longest proposal needs, giving p_1..p_{g+1} (processed with the
+     same temperature/top-k/top-p).
   3. d_i is accepted while u_i < p_i(d_i) / q_i(d_i); at the first rejection
      the next token is drawn from norm(max(0, p - q)); if all g are accepted
      a bonus token is drawn from p_{g+1}. (verification='block' replaces this
@@ -14,19 +17,23 @@ Rows advance by their own counts (1..g+1 tokens); rolling back a cache is
 free because positions past a row's length are masked and later overwritten.
 
 The whole call is one jitted function: a `lax.while_loop` over iterations with
-the draft's gamma steps inside it, so no host round trip per token.
+the draft's steps inside it, so no host round trip per token. With
+gamma='auto' the costs and the prior are traced arguments, so one program
+serves every choice.
 """
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import jax
 import jax.numpy as jnp
 
+from spec_decode import adaptive
 from spec_decode import block_verification
 from spec_decode import compile as compile_lib
 from spec_decode import draft_stop as draft_stop_lib
+from spec_decode import drafting
 from spec_decode import partitioning as partitioning_lib
 from spec_decode import sampling as sampling_lib
 from spec_decode.decoding import DecodeResult
@@ -51,113 +58,16 @@ class _SpeculativeState:
   done: Array           # [batch] bool
   target_cache: Any
   draft_cache: Any
+  draft_len: Array      # [batch] int32 right positions of the draft cache
   target_calls: Array   # [batch] int32
   proposed: Array       # [batch] int32
   accepted: Array       # [batch] int32
   beta_sum: Array       # [batch] float32
   beta_count: Array     # [batch] int32
-  draft_behind: Array   # [batch] bool: draft cache lacks position n - 1
-
-
-def _slice_rows(array: Array, start: Array, size: int) -> Array:
-  """array[b, start[b]:start[b] + size] for every row."""
-  return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size))(
-      array, start)
-
-
-def _write_rows(array: Array, values: Array, start: Array) -> Array:
-  """array[b, start[b]:start[b] + K] = values[b] for every row."""
-  return jax.vmap(
-      lambda row, v, s: jax.lax.dynamic_update_slice_in_dim(row, v, s, 0))(
-          array, values, start)
-
-
-def _draft_first_step(config, params, prepared, encoded, cache, inputs,
-                      lengths, catch_up: Array):
-  """The draft's logits at each row's position n, and its updated cache.
-
-  Normally the draft's cache already holds every position before n (it fed
-  them while proposing), so one token (position n) is fed. After an
-  iteration that accepted all gamma proposals the draft never fed its own
-  last proposal (position n - 1), so then the last two tokens are fed; the
-  wider call is only paid when some row needs it (`lax.cond`), and re-writing
-  an already valid slot for the other rows is harmless.
-
-  Args:
-    config: The draft's config.
-    params: The draft's parameters.
-    prepared: The draft's `Model.decode_kernels` (or None).
-    encoded: The draft's `EncodedInputs`.
-    cache: The draft's cache.
-    inputs: int32 [batch, buffer + 1]: 0 then the emitted tokens.
-    lengths: int32 [batch] emitted tokens n.
-    catch_up: bool [] whether some row's cache lacks position n - 1.
-
-  Returns:
-    float32 logits [batch, vocab] at position n, and the cache.
-  """
-
-  def feed_last_two(cache):
-    start = jnp.maximum(lengths - 1, 0)
-    logits, cache = decode_chunk(config, params,
-                                 _slice_rows(inputs, start, 2), start, cache,
-                                 encoded, prepared)
-    # Position n is chunk index 1, except at n = 0 where it is index 0.
-    return jnp.take_along_axis(logits, (lengths - start)[:, None, None],
-                               axis=1)[:, 0], cache
-
-  def feed_last(cache):
-    logits, cache = decode_chunk(config, params,
-                                 _slice_rows(inputs, lengths, 1), lengths,
-                                 cache, encoded, prepared)
-    return logits[:, 0], cache
-
-  return jax.lax.cond(catch_up, feed_last_two, feed_last, cache)
-
-
-def _draft_proposals(config, params, prepared, encoded, cache, inputs,
-                     lengths, keys, catch_up: Array, gamma: int,
-                     sampling: SamplingConfig, stop_rule=None, stopped=None):
-  """Runs the draft gamma steps (fewer with a `stop_rule`) from each row.
-
-  Returns:
-    tokens int32 [batch, gamma], probs float32 [batch, gamma, vocab] they
-    were drawn from (0 where nothing was proposed), the draft cache, and
-    int32 [batch] proposals per row.
-  """
-  step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(keys)
-  logits, cache = _draft_first_step(config, params, prepared, encoded, cache,
-                                    inputs, lengths, catch_up)
-  logprobs = sampling_lib.process_logits(logits, sampling)
-  token = sampling_lib.sample_tokens(step_keys[:, 0], logprobs,
-                                     sampling.greedy)
-  if stop_rule is not None:
-
-    def decode(cache, token, i):
-      logits, cache = decode_chunk(config, params, token[:, None],
-                                   lengths + i, cache, encoded, prepared)
-      return logits[:, 0], cache
-
-    return draft_stop_lib.propose(decode, cache, token, logprobs, step_keys,
-                                  gamma, sampling, stop_rule, stopped)
-
-  def step(carry, i):
-    cache, token = carry
-    # Proposal i comes from feeding proposal i - 1 at position n + i.
-    logits, cache = decode_chunk(config, params, token[:, None],
-                                 lengths + i, cache, encoded, prepared)
-    logprobs = sampling_lib.process_logits(logits[:, 0], sampling)
-    next_token = sampling_lib.sample_tokens(step_keys[:, i], logprobs,
-                                            sampling.greedy)
-    return (cache, next_token), (next_token, logprobs)
-
-  (cache, _), (tokens, logprobs_rest) = jax.lax.scan(
-      step, (cache, token), jnp.arange(1, gamma, dtype=jnp.int32))
-  # scan stacks along axis 0: [gamma - 1, batch, ...] -> [batch, gamma - 1, ...]
-  tokens = jnp.concatenate([token[:, None], tokens.T], axis=1)
-  logprobs = jnp.concatenate(
-      [logprobs[:, None], jnp.swapaxes(logprobs_rest, 0, 1)], axis=1)
-  return tokens, jnp.exp(logprobs), cache, jnp.full_like(lengths, gamma)
+  alpha: Array          # [batch] float32 the adaptive rule's estimate
+  proposal_counts: Array  # [batch, gamma + 1] int32 iterations per count
+  expected_tokens: Array  # [batch] float32 what the rule expected ...
+  expected_cost: Array    # [batch] float32 ... and at what cost (steps)
 
 
 @functools.partial(compile_lib.decoder_jit,
@@ -168,15 +78,15 @@ def _speculative_generate(target_config, draft_config, target_params,
                           eos_id: int, gamma: int, lenience: float,
                           verification: str = 'token', draft_stop=None,
                           target_partitioning=None, draft_partitioning=None,
-                          target_prepared=None, draft_prepared=None
-                          ) -> DecodeResult:
+                          target_prepared=None, draft_prepared=None,
+                          proposal_costs=None) -> DecodeResult:
   # The target's rules apply to everything but the draft's own calls.
   with partitioning_lib.active(target_partitioning):
     return _speculative_loop(
         target_config, draft_config, target_params, draft_params,
         target_prepared, draft_prepared, encoder_input_tokens, rng,
         max_decode_len, sampling, eos_id, gamma, lenience, verification,
-        draft_stop,
+        draft_stop, proposal_costs,
         functools.partial(partitioning_lib.active, draft_partitioning))
 
 
@@ -188,19 +98,52 @@ def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
   return partitioning_lib.constrain_rows(bare).replace(**caches)
 
 
+def _write_rows(array: Array, values: Array, start: Array) -> Array:
+  """array[b, start[b]:start[b] + K] = values[b] for every row."""
+  return jax.vmap(
+      lambda row, v, s: jax.lax.dynamic_update_slice_in_dim(row, v, s, 0))(
+          array, values, start)
+
+
+def _target_scores(config, params, prepared, encoded, cache, tokens: Array,
+                   lengths: Array, width_index: Array, widths):
+  """The target's logits on tokens [batch, gamma + 1] at positions n.., in
+  one call of widths[width_index] tokens (positions past it: zeros)."""
+  full = tokens.shape[1]
+
+  def call(width):
+    def run(cache):
+      logits, cache = decode_chunk(config, params, tokens[:, :width],
+                                   lengths, cache, encoded, prepared)
+      return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache
+    return run
+
+  if len(widths) == 1:
+    return call(widths[0])(cache)
+  return jax.lax.switch(width_index, [call(width) for width in widths],
+                        cache)
+
+
 def _speculative_loop(target_config, draft_config, target_params,
                       draft_params, target_prepared, draft_prepared,
                       encoder_input_tokens, rng,
                       max_decode_len: int, sampling: SamplingConfig,
                       eos_id: int, gamma: int, lenience: float,
-                      verification: str, draft_stop, as_draft
-                      ) -> DecodeResult:
+                      verification: str, draft_stop,
+                      proposal_costs: Optional[adaptive.ProposalCosts],
+                      as_draft) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
-  # Writes reach position max_decode_len + gamma for a row that stopped at
-  # max_decode_len, so this size keeps every dynamic slice in bounds (XLA
-  # would otherwise clamp it silently).
-  cache_len = max_decode_len + gamma + 2
-  buffer_len = max_decode_len + gamma + 1
+  auto = proposal_costs is not None
+  widths = adaptive.chunk_widths(gamma) if auto else (gamma + 1,)
+  catch_up_widths = (drafting.ADAPTIVE_CATCH_UP_WIDTHS if auto
+                     else drafting.FIXED_CATCH_UP_WIDTHS)
+  # Writes reach position max_decode_len + gamma (the target) or
+  # max_decode_len + the widest catch-up (the draft) for a row that stopped
+  # at max_decode_len, so these sizes keep every dynamic slice in bounds
+  # (XLA would otherwise clamp it silently).
+  reach = max(gamma, catch_up_widths[-1])
+  cache_len = max_decode_len + reach + 2
+  buffer_len = max_decode_len + reach + 1
   target_encoded = prepare_decoding(target_config, target_params,
                                     encoder_input_tokens, target_prepared)
   with as_draft():
@@ -212,6 +155,32 @@ def _speculative_loop(target_config, draft_config, target_params,
   def cond(state):
     return (state.iteration < max_decode_len) & ~jnp.all(state.done)
 
+  def draft_block(state, counts, draft_keys):
+    """The draft's proposals (tokens, probs, cache, proposed, fed)."""
+    n = state.lengths
+    with as_draft():
+      logits, cache = drafting.catch_up(
+          draft_config, draft_params, draft_prepared, draft_encoded,
+          state.draft_cache, state.inputs, n, state.draft_len,
+          catch_up_widths)
+
+      def decode(cache, token, i):
+        logits, cache = decode_chunk(draft_config, draft_params,
+                                     token[:, None], n + i, cache,
+                                     draft_encoded, draft_prepared)
+        return logits[:, 0], cache
+
+      step_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(draft_keys)
+      return drafting.propose(decode, cache, logits, step_keys, gamma,
+                              counts, sampling, draft_stop)
+
+  def no_draft_block(state, counts, draft_keys):
+    del counts, draft_keys
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return (jnp.zeros((batch, gamma), jnp.int32),
+            jnp.zeros((batch, gamma, draft_config.vocab_size), jnp.float32),
+            state.draft_cache, zeros, zeros)
+
   def body(state):
     n = state.lengths
     active = ~state.done
@@ -220,19 +189,27 @@ def _speculative_loop(target_config, draft_config, target_params,
     draft_keys, accept_keys, correction_keys = (split[:, 0], split[:, 1],
                                                 split[:, 2])
 
-    with as_draft():
-      draft_tokens, draft_probs, draft_cache, proposed = _draft_proposals(
-          draft_config, draft_params, draft_prepared, draft_encoded,
-          state.draft_cache,
-          state.inputs, n, draft_keys, jnp.any(state.draft_behind & active),
-          gamma, sampling, draft_stop, ~active)
+    if auto:
+      counts, expected, cost = adaptive.choose_counts(
+          state.alpha, max_decode_len - n, active, proposal_costs, widths)
+      draft_ran = jnp.any(counts > 0)
+      draft_tokens, draft_probs, draft_cache, proposed, fed = jax.lax.cond(
+          draft_ran, draft_block, no_draft_block, state, counts, draft_keys)
+    else:
+      counts = jnp.full((batch,), gamma, jnp.int32)
+      draft_ran = jnp.ones((), jnp.bool_)
+      draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
+          state, counts, draft_keys)
 
-    # One target call scores the last token and all gamma proposals.
+    # One target call scores the last token and every row's proposals.
     last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
-    target_logits, target_cache = decode_chunk(
-        target_config, target_params,
-        jnp.concatenate([last_token, draft_tokens], axis=1), n,
-        state.target_cache, target_encoded, target_prepared)
+    width_index = adaptive.width_index(
+        jnp.max(jnp.where(active, proposed, 0)) + 1, widths)
+    target_logits, target_cache = _target_scores(
+        target_config, target_params, target_prepared, target_encoded,
+        state.target_cache, jnp.concatenate([last_token, draft_tokens],
+                                            axis=1),
+        n, width_index, widths)
     target_probs = jnp.exp(sampling_lib.process_logits(target_logits,
                                                        sampling))
 
@@ -241,8 +218,9 @@ def _speculative_loop(target_config, draft_config, target_params,
     else:
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(
           accept_keys)
-    if draft_stop is not None:
-      uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
+    # Positions past a row's proposals are never accepted: the token after
+    # them is the bonus from p (their q is 0).
+    uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
     if verification == 'block':
       num_accepted, correction_probs = block_verification.verify_block(
           draft_tokens, draft_probs, target_probs, uniforms)
@@ -272,9 +250,22 @@ def _speculative_loop(target_config, draft_config, target_params,
     # rejected one; later positions were conditioned on a rejected prefix.
     examined = ((positions[:gamma] <= num_accepted[:, None])
                 & (positions[:gamma] < proposed[:, None]) & active[:, None])
-    beta = overlap_mass(target_probs[:, :gamma], draft_probs)
+    beta = jnp.sum(jnp.where(examined, overlap_mass(
+        target_probs[:, :gamma], draft_probs), 0.0), axis=1)
+    examined_count = jnp.sum(examined, axis=1)
     active_int = active.astype(jnp.int32)
-    return _constrain_state(_SpeculativeState(
+    state = state.replace(
+        alpha=(adaptive.update_alpha(state.alpha, beta, examined_count,
+                                     proposal_costs.alpha_prior)
+               if auto else state.alpha),
+        proposal_counts=state.proposal_counts + active_int[:, None] * (
+            positions[None, :] == proposed[:, None]).astype(jnp.int32))
+    if auto:
+      state = state.replace(
+          expected_tokens=state.expected_tokens + jnp.where(active, expected,
+                                                            0.0),
+          expected_cost=state.expected_cost + jnp.where(active, cost, 0.0))
+    return _constrain_state(state.replace(
         iteration=state.iteration + 1,
         inputs=_write_rows(state.inputs, new_tokens, n + 1),
         logprobs=_write_rows(state.logprobs, new_logprobs, n),
@@ -282,17 +273,21 @@ def _speculative_loop(target_config, draft_config, target_params,
         done=state.done | hit_eos | (n + count >= max_decode_len),
         target_cache=target_cache,
         draft_cache=draft_cache,
+        # Right: position n (fed while catching up) and the accepted
+        # proposals the draft fed itself.
+        draft_len=jnp.where(draft_ran, n + 1 + jnp.minimum(num_accepted, fed),
+                            state.draft_len),
         target_calls=state.target_calls + active_int,
         proposed=state.proposed + proposed * active_int,
         accepted=state.accepted + num_accepted * active_int,
-        beta_sum=state.beta_sum + jnp.sum(jnp.where(examined, beta, 0.0),
-                                          axis=1),
-        beta_count=state.beta_count + jnp.sum(examined, axis=1),
-        draft_behind=num_accepted == gamma))
+        beta_sum=state.beta_sum + beta,
+        beta_count=state.beta_count + examined_count))
 
   zeros = jnp.zeros((batch,), jnp.int32)
+  float_zeros = jnp.zeros((batch,), jnp.float32)
   with as_draft():
     draft_cache = init_cache(draft_config, batch, cache_len)
+  prior = proposal_costs.alpha_prior if auto else 0.0
   state = _constrain_state(_SpeculativeState(
       iteration=jnp.zeros((), jnp.int32),
       inputs=jnp.zeros((batch, buffer_len + 1), jnp.int32),
@@ -301,9 +296,12 @@ def _speculative_loop(target_config, draft_config, target_params,
       done=jnp.zeros((batch,), jnp.bool_),
       target_cache=init_cache(target_config, batch, cache_len),
       draft_cache=draft_cache,
+      draft_len=zeros,
       target_calls=zeros, proposed=zeros, accepted=zeros,
-      beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros,
-      draft_behind=jnp.zeros((batch,), jnp.bool_)))
+      beta_sum=float_zeros, beta_count=zeros,
+      alpha=jnp.full((batch,), prior, jnp.float32),
+      proposal_counts=jnp.zeros((batch, gamma + 1), jnp.int32),
+      expected_tokens=float_zeros, expected_cost=float_zeros))
   state = jax.lax.while_loop(cond, body, state)
   return DecodeResult(
       tokens=state.inputs[:, 1:max_decode_len + 1],
@@ -316,6 +314,10 @@ def _speculative_loop(target_config, draft_config, target_params,
       mean_beta=state.beta_sum / state.beta_count,
       verified_positions=state.beta_count,
       num_iterations=state.iteration,
+      proposal_counts=state.proposal_counts,
+      predicted_speedup=(adaptive.predicted_speedup(state.expected_tokens,
+                                                    state.expected_cost)
+                         if auto else jnp.full((batch,), jnp.nan)),
       gamma=gamma)
 
 
@@ -338,7 +340,9 @@ def speculative_generate(target: Model, draft: Model,
                          max_decode_len: int, sampling: SamplingConfig,
                          eos_id: int, gamma: int, lenience: float,
                          verification: str = 'token', draft_stop=None,
-                         draft_threshold=None) -> DecodeResult:
+                         draft_threshold=None,
+                         proposal_costs: Optional[adaptive.ProposalCosts]
+                         = None) -> DecodeResult:
   """Speculative decoding; call `spec_decode.generate(..., draft=...)`.
 
   `generate` checks every argument first (so its errors name them); here
@@ -352,12 +356,15 @@ def speculative_generate(target: Model, draft: Model,
     max_decode_len: Output length.
     sampling: Applied identically to target and draft logits.
     eos_id: End-of-sequence id.
-    gamma: Draft tokens per iteration (>= 1).
+    gamma: Draft tokens per iteration (>= 1); with `proposal_costs`, the
+      most a row proposes in an iteration (max_gamma).
     lenience: 1.0 is exact; (0, 1) is the lossy mode of appendix A.5.
     verification: 'token' (the paper's rule) or 'block' (block
       verification: same target call, exact, accepts at least as much).
     draft_stop: None, 'confidence' or 'entropy' (see `draft_stop`).
     draft_threshold: The stop rule's threshold.
+    proposal_costs: gamma='auto': the measured costs and the prior the
+      in-loop rule reads (`adaptive`); None: every row proposes gamma.
 
   Returns:
     A `DecodeResult` with acceptance statistics.
@@ -370,4 +377,5 @@ def speculative_generate(target: Model, draft: Model,
                                max_decode_len, sampling, eos_id, gamma,
                                lenience, verification, stop_rule,
                                target.partitioning, draft.partitioning,
-                               target.decode_kernels, draft.decode_kernels)
+                               target.decode_kernels, draft.decode_kernels,
+                               proposal_costs)

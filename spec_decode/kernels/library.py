@@ -44,7 +44,7 @@ def load() -> Optional[ctypes.CDLL]:
   path = library_path()
   if path is None:
     logging.warning(
-        'spec_decode: the few-row CPU kernel was not built (no C++ compiler '
+        'spec_decode: the CPU decoding kernels were not built (no C++ compiler '
         'at install time?); decoding uses XLA\'s dots.')
     return None
   try:
@@ -57,7 +57,7 @@ def load() -> Optional[ctypes.CDLL]:
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol),
                                   platform='cpu')
   except (OSError, AttributeError, RuntimeError, ValueError) as error:
-    logging.warning('spec_decode: the few-row CPU kernel at %s could not be '
+    logging.warning('spec_decode: the CPU decoding kernels at %s could not be '
                     'loaded (%s); decoding uses XLA\'s dots.', path, error)
     return None
   return library

@@ -1,0 +1,186 @@
+r"""gamma='auto' against baseline and every fixed gamma, per emitted token.
+
+  python scripts/auto_gamma.py --source=licenses            # unseen text
+  python scripts/auto_gamma.py --source=test --batch_size=8 # the main job's
+
+Decodes --num_calls inputs (at --batch_size rows each) of each task, greedy
+and at temperature 1, with baseline decoding, each fixed gamma in --gammas
+and gamma='auto', all timed in turn per input (interleaved, medians of
+--repeats). Inputs are padded to --input_length so every call has one
+shape: each variant compiles on the first input (untimed, and for 'auto'
+that is also where the costs are measured or read), and no later call may
+compile; the slowest of 'auto''s calls over its median says whether one
+did.
+
+--source=licenses takes sentences (En->De) and paragraphs (summarize) of
+the license texts Debian ships in /usr/share/common-licenses: legal prose,
+a domain the shipped models never saw. --source=test takes the committed
+test samples the main job decodes.
+
+Prints, per task and temperature: ms per emitted token of each variant,
+its speedup over baseline, the best fixed gamma, 'auto''s proposals per
+iteration, and its slowest/median call. --output writes it all as JSON.
+"""
+
+import json
+import os
+import re
+import time
+from typing import Dict, List
+
+from absl import app
+from absl import flags
+import jax
+import numpy as np
+
+import spec_decode as sd
+from spec_decode import benchmark
+from spec_decode import costs
+from spec_decode import evaluation
+from spec_decode import kernels
+from spec_decode import pretrained
+from spec_decode.data import tasks
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum('source', 'licenses', ['licenses', 'test'],
+                  'Where the inputs come from (see above).')
+flags.DEFINE_list('tasks', ['translate_en_de', 'summarize'], 'Tasks.')
+flags.DEFINE_list('temperatures', ['0', '1'], 'Sampling temperatures.')
+flags.DEFINE_list('gammas', ['1', '2', '3', '4', '5', '7'], 'Fixed gammas.')
+flags.DEFINE_integer('num_calls', 40, 'Timed inputs (calls) per setting.')
+flags.DEFINE_integer('batch_size', 1, 'Rows per call.')
+flags.DEFINE_integer('input_length', 64, 'Encoder inputs padded to this.')
+flags.DEFINE_integer('max_decode_len', 48, 'Output limit.')
+flags.DEFINE_integer('repeats', 3, 'Timed calls per input and variant.')
+flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
+flags.DEFINE_string('draft', 't5_local_draft_tiny', 'Shipped draft.')
+flags.DEFINE_string('output', None, 'Write the figures as JSON here.')
+
+LICENSES = '/usr/share/common-licenses'
+
+
+def license_texts(task: str, count: int) -> List[str]:
+  """Sentences (En->De) or paragraphs (summarize) of Debian's license
+  texts, in file order, 6 to 60 words each."""
+  texts = []
+  for name in ('GPL-3', 'Apache-2.0', 'LGPL-3', 'MPL-2.0', 'GFDL-1.3'):
+    path = os.path.join(LICENSES, name)
+    if not os.path.exists(path):
+      continue
+    paragraphs = [' '.join(p.split()) for p in
+                  open(path, encoding='utf-8').read().split('\n\n')]
+    for paragraph in paragraphs:
+      pieces = (re.split(r'(?<=[.;:])\s+', paragraph)
+                if task == 'translate_en_de' else [paragraph])
+      texts += [p for p in pieces if 6 <= len(p.split()) <= 60]
+  if len(texts) < count:
+    raise ValueError(f'only {len(texts)} license texts for {task} under '
+                     f'{LICENSES}; --num_calls must be at most that.')
+  return texts[:count]
+
+
+def inputs_for(task: str, vocabulary) -> np.ndarray:
+  count = FLAGS.num_calls * FLAGS.batch_size
+  if FLAGS.source == 'licenses':
+    sources = license_texts(task, count)
+  else:
+    pairs = tasks.load_pairs(task, 'test')
+    sources = [pairs[i % len(pairs)][0] for i in range(count)]
+  return evaluation.encode_inputs(vocabulary, task, sources,
+                                  FLAGS.input_length)
+
+
+def measure(target, draft, enc: np.ndarray, temperature: float
+            ) -> Dict[str, object]:
+  """One task and temperature: every variant on every call."""
+  variants = {'baseline': {}}
+  variants.update({f'gamma {g}': dict(draft=draft, gamma=int(g))
+                   for g in FLAGS.gammas})
+  variants['auto'] = dict(draft=draft, gamma='auto')
+  calls = [enc[i:i + FLAGS.batch_size]
+           for i in range(0, len(enc), FLAGS.batch_size)]
+  results = {}
+
+  def run(name, index):
+    def call():
+      result = sd.generate(target, calls[index],
+                           max_decode_len=FLAGS.max_decode_len,
+                           temperature=temperature,
+                           rng=jax.random.PRNGKey(index), **variants[name])
+      results[(name, index)] = result
+      return result.tokens
+    return call
+
+  seconds = {name: [] for name in variants}
+  for index in range(len(calls)):
+    timings = benchmark.interleaved_timings(
+        {name: run(name, index) for name in variants}, FLAGS.repeats,
+        warmup=1 if index == 0 else 0)
+    for name in variants:
+      seconds[name].append(benchmark.median(timings[name]))
+  tokens = {name: sum(int(np.sum(results[(name, i)].lengths))
+                      for i in range(len(calls))) for name in variants}
+  ms_per_token = {name: 1e3 * sum(seconds[name]) / tokens[name]
+                  for name in variants}
+  speedup = {name: ms_per_token['baseline'] / ms_per_token[name]
+             for name in variants}
+  fixed = [name for name in variants if name.startswith('gamma')]
+  best = max(fixed, key=lambda name: speedup[name])
+  histogram = sum(np.asarray(results[('auto', i)].proposal_counts).sum(0)
+                  for i in range(len(calls)))
+  auto_seconds = np.asarray(seconds['auto'])
+  identical = None
+  if temperature == 0:
+    identical = all(np.array_equal(np.asarray(results[('auto', i)].tokens),
+                                   np.asarray(results[('baseline', i)].tokens))
+                    for i in range(len(calls)))
+  return {
+      'ms_per_token': ms_per_token, 'speedup': speedup,
+      'best_fixed': best, 'auto_over_best_fixed': (speedup['auto']
+                                                   / speedup[best]),
+      'auto_proposal_counts': histogram.tolist(),
+      'auto_mean_proposals': float(np.dot(np.arange(len(histogram)),
+                                          histogram) / histogram.sum()),
+      'auto_slowest_over_median': float(auto_seconds.max()
+                                        / np.median(auto_seconds)),
+      'auto_greedy_identical': identical,
+  }
+
+
+def main(argv):
+  del argv
+  start = time.time()
+  machine = costs.machine_description()
+  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  print(f'decoder products: {kernels.available()}')
+  target = pretrained.load(FLAGS.target)
+  draft = pretrained.load(FLAGS.draft)
+  vocabulary = pretrained.vocabulary()
+  report = {'machine': machine, 'decoder_products': kernels.available(),
+            'flags': {name: FLAGS[name].value for name in (
+                'source', 'batch_size', 'num_calls', 'input_length',
+                'max_decode_len', 'repeats', 'gammas')},
+            'rows': []}
+  for task in FLAGS.tasks:
+    enc = inputs_for(task, vocabulary)
+    for temperature in (float(t) for t in FLAGS.temperatures):
+      row = {'task': task, 'temperature': temperature,
+             **measure(target, draft, enc, temperature)}
+      report['rows'].append(row)
+      print(f"\n{task} T={temperature}: " + ', '.join(
+          f"{name} {ms:.2f} ms/token ({row['speedup'][name]:.2f}x)"
+          for name, ms in row['ms_per_token'].items()))
+      print(f"  best fixed: {row['best_fixed']}; auto over it: "
+            f"{row['auto_over_best_fixed']:.2f}; auto proposals per "
+            f"iteration {row['auto_mean_proposals']:.2f} (histogram "
+            f"{row['auto_proposal_counts']}); slowest auto call over its "
+            f"median {row['auto_slowest_over_median']:.2f}; greedy "
+            f"identical: {row['auto_greedy_identical']}", flush=True)
+  report['seconds'] = time.time() - start
+  if FLAGS.output:
+    with open(FLAGS.output, 'w') as f:
+      json.dump(report, f, indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)

@@ -1,0 +1,180 @@
+"""gamma='auto' inside the compiled loop: how many tokens each row proposes.
+
+At every iteration each active row chooses how many draft tokens to
+propose, 0 .. max_gamma, from its own acceptance so far and the measured
+costs, and the target's call is as wide as the longest proposal needs:
+
+  * alpha_b: an exponential average of the row's beta = sum_x min(p, q) at
+    the positions the rule examined (Corollary 3.6: its expectation is the
+    acceptance rate), starting from a prior (the pair's last measured
+    alpha). A row that proposes nothing observes nothing; its estimate then
+    drifts back toward the prior, so a row that hit a hard stretch tries
+    again later instead of never.
+  * The value of g proposals at alpha_b is Theorem 3.8's ratio: expected
+    tokens (1 - alpha^(g+1)) / (1 - alpha) over the iteration's cost in
+    single target steps, the measured K-curve at the call's width plus g
+    draft steps. g = 0 is a plain target step (1 token for 1 step). A row
+    speculates only when its best g beats 0 by the margin `min_gain` (the
+    loop's own bookkeeping is not in the measured call costs).
+  * The target's call width is the smallest of a few compiled widths
+    (`chunk_widths`) covering every row's g + 1, chosen with `lax.switch`;
+    the rule prices each g at the width it would run at.
+
+Why this stays exact: a row's count is fixed before its draft proposes,
+from tokens already emitted; any count is a valid speculative step
+(positions past it are never accepted and the token after a fully accepted
+block is the bonus from p, as with `draft_stop`). The costs, the prior and
+the margin are traced arrays, so one compiled program serves every choice.
+"""
+
+from typing import Sequence, Tuple
+
+import flax
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+# How fast a row's estimate follows its own betas (weight of one examined
+# position), and how fast an estimate nobody feeds drifts back to the prior
+# (per iteration without a proposal).
+ALPHA_RATE = 0.15
+PRIOR_PULL = 0.1
+# A row speculates only when its best count is predicted this much faster
+# than a plain step (as `costs.MIN_PREDICTED_SPEEDUP` for a whole call).
+MIN_GAIN = 1.1
+
+
+@flax.struct.dataclass
+class ProposalCosts:
+  """What the rule reads, traced: changing them never recompiles.
+
+  Attributes:
+    verify_cost: float32 [max_gamma + 1]: verify_cost[k - 1] is a target
+      call on k tokens per row, in single-token steps (the K-curve).
+    draft_cost: float32 []: a draft step over a target step (c).
+    alpha_prior: float32 []: the estimate every row starts from.
+    min_gain: float32 []: the margin over a plain step.
+  """
+  verify_cost: Array
+  draft_cost: Array
+  alpha_prior: Array
+  min_gain: Array
+
+  @classmethod
+  def create(cls, verify_cost: Sequence[float], draft_cost: float,
+             alpha_prior: float, min_gain: float = MIN_GAIN
+             ) -> 'ProposalCosts':
+    return cls(verify_cost=jnp.asarray(verify_cost, jnp.float32),
+               draft_cost=jnp.asarray(draft_cost, jnp.float32),
+               alpha_prior=jnp.asarray(alpha_prior, jnp.float32),
+               min_gain=jnp.asarray(min_gain, jnp.float32))
+
+
+def chunk_widths(max_gamma: int) -> Tuple[int, ...]:
+  """The target call widths compiled for gamma='auto': 1, 2, 4, ... and
+  max_gamma + 1 (each is one more compiled branch of the target)."""
+  widths = {max_gamma + 1}
+  width = 1
+  while width < max_gamma + 1:
+    widths.add(width)
+    width *= 2
+  return tuple(sorted(widths))
+
+
+def width_index(tokens: Array, widths: Tuple[int, ...]) -> Array:
+  """Index of the smallest width >= tokens (int32, any shape)."""
+  return jnp.sum(jnp.asarray(widths) < jnp.asarray(tokens)[..., None],
+                 axis=-1).astype(jnp.int32)
+
+
+def expected_tokens(alpha: Array, max_gamma: int) -> Array:
+  """(1 - alpha^(g+1)) / (1 - alpha) for g = 0 .. max_gamma.
+
+  Args:
+    alpha: float32 [batch].
+    max_gamma: Largest count.
+
+  Returns:
+    float32 [batch, max_gamma + 1]; g + 1 where alpha = 1.
+  """
+  alpha = jnp.clip(alpha, 0.0, 1.0)[:, None]
+  # sum_{i=0}^{g} alpha^i, written as a sum: exact at alpha = 1.
+  powers = alpha ** jnp.arange(max_gamma + 1, dtype=jnp.float32)[None, :]
+  return jnp.cumsum(powers, axis=-1)
+
+
+def iteration_cost(costs: ProposalCosts, widths: Tuple[int, ...]
+                   ) -> Array:
+  """float32 [max_gamma + 1]: an iteration's cost in target steps per count
+  g, the call priced at the width g + 1 tokens would run at."""
+  max_gamma = costs.verify_cost.shape[0] - 1
+  counts = jnp.arange(max_gamma + 1, dtype=jnp.int32)
+  run_width = jnp.asarray(widths)[width_index(counts + 1, widths)]
+  return (costs.verify_cost[run_width - 1]
+          + counts.astype(jnp.float32) * costs.draft_cost)
+
+
+def choose_counts(alpha: Array, remaining: Array, active: Array,
+                  costs: ProposalCosts, widths: Tuple[int, ...]
+                  ) -> Tuple[Array, Array, Array]:
+  """Each row's proposals this iteration, and what the rule expects of it.
+
+  Args:
+    alpha: float32 [batch] each row's acceptance estimate.
+    remaining: int32 [batch] tokens each row may still emit.
+    active: bool [batch] rows still decoding.
+    costs: The measured costs and the prior.
+    widths: The compiled call widths.
+
+  Returns:
+    int32 [batch] counts in [0, max_gamma] (0 for inactive rows), and
+    float32 [batch] the expected tokens and the cost (target steps) of the
+    chosen count.
+  """
+  max_gamma = costs.verify_cost.shape[0] - 1
+  tokens = expected_tokens(alpha, max_gamma)  # [batch, max_gamma + 1]
+  cost = iteration_cost(costs, widths)[None, :]
+  counts = jnp.arange(max_gamma + 1, dtype=jnp.int32)[None, :]
+  # Proposing more than can still be emitted only costs.
+  usable = counts < jnp.maximum(remaining, 1)[:, None]
+  rate = jnp.where(usable, tokens / cost, -1.0)
+  best = jnp.argmax(rate, axis=-1).astype(jnp.int32)
+  best_rate = jnp.max(rate, axis=-1)
+  speculate = best_rate > costs.min_gain * rate[:, 0]
+  chosen = jnp.where(speculate & active, best, 0)
+  pick = lambda table: jnp.take_along_axis(
+      jnp.broadcast_to(table, rate.shape), chosen[:, None], axis=1)[:, 0]
+  return chosen, pick(tokens), pick(cost)
+
+
+def update_alpha(alpha: Array, beta_sum: Array, beta_count: Array,
+                 prior: Array) -> Array:
+  """The estimate after an iteration that examined `beta_count` positions.
+
+  Each examined position moves the estimate by ALPHA_RATE toward the
+  iteration's mean beta; an iteration that examined none pulls it by
+  PRIOR_PULL toward the prior.
+
+  Args:
+    alpha: float32 [batch].
+    beta_sum: float32 [batch] sum of beta over the examined positions.
+    beta_count: int32 [batch] examined positions.
+    prior: float32 [] the pair's estimate.
+
+  Returns:
+    float32 [batch].
+  """
+  seen = beta_count > 0
+  mean = beta_sum / jnp.maximum(beta_count, 1).astype(jnp.float32)
+  keep = (1.0 - ALPHA_RATE) ** beta_count.astype(jnp.float32)
+  observed = keep * alpha + (1.0 - keep) * mean
+  drifted = alpha + PRIOR_PULL * (prior - alpha)
+  return jnp.where(seen, observed, drifted)
+
+
+def predicted_speedup(expected: Array, cost: Array) -> Array:
+  """Tokens the rule expected per target step over its iterations: its
+  predicted speedup over plain steps (NaN for a row that never ran)."""
+  return jnp.where(cost > 0, expected / jnp.where(cost > 0, cost, 1.0),
+                   jnp.nan)

@@ -1,0 +1,301 @@
+"""gamma='auto' inside the compiled loop: the rule, exactness, one program."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import spec_decode as sd
+from spec_decode import adaptive
+from spec_decode import costs
+from spec_decode import speculative
+from spec_decode import verification
+from spec_decode.sampling import SamplingConfig
+
+from conftest import FALSE_ALARM_RATE
+from conftest import perturbed
+from conftest import random_inputs
+from conftest import random_model
+from test_speculative import _eos_inside_horizon
+from test_speculative import _exact_distribution
+from test_speculative import _pvalue
+from test_speculative import _tiny_pair
+from test_speculative import E2E_LEN
+from test_speculative import MAX_LEN
+from test_speculative import SAMPLES
+
+
+def _costs(verify, c=0.05, prior=0.6, gain=adaptive.MIN_GAIN):
+  return adaptive.ProposalCosts.create(verify, c, prior, gain)
+
+
+def test_chunk_widths_cover_every_count():
+  assert adaptive.chunk_widths(7) == (1, 2, 4, 8)
+  assert adaptive.chunk_widths(3) == (1, 2, 4)
+  assert adaptive.chunk_widths(5) == (1, 2, 4, 6)
+  assert adaptive.chunk_widths(1) == (1, 2)
+  widths = (1, 2, 4, 8)
+  np.testing.assert_array_equal(
+      adaptive.width_index(jnp.arange(1, 9), widths),
+      [0, 1, 2, 2, 3, 3, 3, 3])
+
+
+def test_counts_maximise_tokens_per_step():
+  costs_ = _costs([1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], c=0.05)
+  widths = adaptive.chunk_widths(7)
+  alpha = jnp.asarray([0.9, 0.6, 0.05, 0.9, 0.9])
+  remaining = jnp.asarray([40, 40, 40, 3, 40])
+  active = jnp.asarray([True, True, True, True, False])
+  counts, expected, cost = adaptive.choose_counts(alpha, remaining, active,
+                                                  costs_, widths)
+  counts = np.asarray(counts)
+  table = np.asarray(adaptive.iteration_cost(costs_, widths))
+  for row in range(3):
+    rates = [(1 - alpha[row] ** (g + 1)) / (1 - alpha[row]) / table[g]
+             for g in range(8)]
+    best = int(np.argmax(rates))
+    want = best if rates[best] > adaptive.MIN_GAIN * rates[0] else 0
+    assert counts[row] == want
+  assert counts[0] == 7 and counts[2] == 0   # Sure draft; hopeless draft.
+  assert counts[3] <= 2                      # 3 tokens left to emit.
+  assert counts[4] == 0                      # Finished rows propose nothing.
+  # A count of 2 runs at width 4: never better than 3 at the same price.
+  assert 2 not in counts[:3]
+  np.testing.assert_allclose(np.asarray(cost)[0], table[7])
+  np.testing.assert_allclose(np.asarray(expected)[2], 1.0)
+
+
+def test_dear_verification_means_plain_steps():
+  costs_ = _costs([1.0, 2.0, 3.0, 4.0], c=0.3)
+  counts, _, _ = adaptive.choose_counts(
+      jnp.asarray([0.95, 0.5]), jnp.asarray([40, 40]),
+      jnp.asarray([True, True]), costs_, adaptive.chunk_widths(3))
+  np.testing.assert_array_equal(counts, [0, 0])
+
+
+def test_alpha_follows_betas_and_drifts_back_to_the_prior():
+  alpha = jnp.asarray([0.5, 0.5, 0.9])
+  updated = adaptive.update_alpha(alpha, jnp.asarray([3.0, 0.0, 0.0]),
+                                  jnp.asarray([3, 0, 0]), jnp.asarray(0.6))
+  keep = (1 - adaptive.ALPHA_RATE) ** 3
+  np.testing.assert_allclose(updated[0], keep * 0.5 + (1 - keep) * 1.0,
+                             rtol=1e-6)
+  np.testing.assert_allclose(updated[1], 0.5 + adaptive.PRIOR_PULL * 0.1,
+                             rtol=1e-6)
+  np.testing.assert_allclose(updated[2], 0.9 - adaptive.PRIOR_PULL * 0.3,
+                             rtol=1e-6)
+
+
+@pytest.fixture
+def auto_costs(monkeypatch, tmp_path):
+  """Measured costs replaced by given ones (no timing in tests); the kept
+  acceptance goes to a fresh folder."""
+  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path))
+  costs.forget_acceptance()
+  state = {}
+
+  def use(verify, c=0.05, prior=None):
+    state['profile'] = costs.CostProfile(1.0, c, tuple(verify))
+    if prior is not None:
+      monkeypatch.setattr(costs, 'acceptance_prior',
+                          lambda *args, **kwargs: prior)
+  monkeypatch.setattr(costs, 'cost_profile',
+                      lambda *args, **kwargs: state['profile'])
+  yield use
+  costs.forget_acceptance()
+
+
+# K-curves that make the rule choose differently: speculation always pays,
+# never pays, or pays at one token but not more (so rows mix 0 and 1 as
+# their estimates move).
+CHEAP = [1.0, 1.0, 1.02, 1.02, 1.05, 1.05, 1.05, 1.05]
+DEAR = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+MIXED = [1.0, 1.3, 2.5, 2.5, 4.0, 4.0, 4.0, 4.0]
+
+
+@pytest.mark.parametrize('verify, batch', [(CHEAP, 1), (MIXED, 4),
+                                           (DEAR, 7), (MIXED, 7)])
+def test_greedy_auto_equals_baseline(auto_costs, verify, batch):
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(batch, 7, 512, seed=batch)
+  eos = _eos_inside_horizon(target, enc)
+  auto_costs(verify, prior=0.6)
+  baseline = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos)
+  result = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos,
+                       draft=draft, gamma='auto')
+  np.testing.assert_array_equal(result.tokens, baseline.tokens)
+  np.testing.assert_array_equal(result.lengths, baseline.lengths)
+  np.testing.assert_allclose(result.token_logprobs, baseline.token_logprobs,
+                             atol=1e-5)
+  counts = np.asarray(result.proposal_counts)
+  assert counts.shape == (batch, costs.DEFAULT_MAX_GAMMA + 1)
+  np.testing.assert_array_equal(counts.sum(axis=1), result.target_calls)
+  if verify is DEAR:
+    assert counts[:, 1:].sum() == 0
+    np.testing.assert_array_equal(result.target_calls, result.lengths)
+  else:
+    assert counts[:, 1:].sum() > 0
+  assert np.all(np.isfinite(result.predicted_speedup))
+  np.testing.assert_allclose(
+      result.mean_proposals,
+      (counts * np.arange(counts.shape[1])).sum(1) / counts.sum(1),
+      rtol=1e-6)
+
+
+def test_one_program_serves_every_choice(auto_costs):
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(2, 7, 512, seed=3)
+  auto_costs(CHEAP, prior=0.9)
+  first = sd.generate(target, enc, max_decode_len=12, draft=draft,
+                      gamma='auto')
+  before = speculative._speculative_generate._cache_size()  # pylint: disable=protected-access
+  histograms = [np.asarray(first.proposal_counts)]
+  for verify, prior in ((DEAR, 0.9), (MIXED, 0.3), (CHEAP, 0.05)):
+    auto_costs(verify, prior=prior)
+    result = sd.generate(target, enc, max_decode_len=12, draft=draft,
+                         gamma='auto')
+    histograms.append(np.asarray(result.proposal_counts))
+  assert speculative._speculative_generate._cache_size() == before  # pylint: disable=protected-access
+  # The choices did differ between the calls.
+  assert len({h.tobytes() for h in histograms}) > 1
+
+
+def test_the_pair_acceptance_is_kept_for_the_next_process(auto_costs,
+                                                         tmp_path):
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  auto_costs(CHEAP)
+  sampling = SamplingConfig(0.0)
+  assert costs.acceptance_prior(target, draft, sampling) is None
+  result = sd.generate(target, random_inputs(2, 7, 512, seed=4),
+                       max_decode_len=12, draft=draft, gamma='auto')
+  verified = np.asarray(result.verified_positions)
+  want = float(np.sum(np.nan_to_num(np.asarray(result.mean_beta)) * verified)
+               / np.sum(verified))
+  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
+      want, rel=1e-5)
+  # A fresh process reads it back from the file; other samplings do not.
+  costs.forget_acceptance()
+  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
+      want, rel=1e-5)
+  assert costs.acceptance_prior(target, draft, SamplingConfig(1.0)) is None
+  assert costs.read_cache(costs.cache_path()) == {}  # Costs untouched.
+
+
+def test_a_corrupt_acceptance_entry_is_ignored(tmp_path, monkeypatch):
+  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path))
+  costs.forget_acceptance()
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  sampling = SamplingConfig(0.0)
+  costs.record_acceptance(target, draft, sampling, 6.0, 10)
+  path = costs.cache_path()
+  text = open(path).read().replace('6.0', '60.0')  # sum > count: corrupt
+  with open(path, 'w') as f:
+    f.write(text)
+  costs.forget_acceptance()
+  assert costs.acceptance_prior(target, draft, sampling) is None
+  with open(path, 'w') as f:
+    f.write('{not json')
+  costs.forget_acceptance()
+  assert costs.acceptance_prior(target, draft, sampling) is None
+  costs.forget_acceptance()
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(gamma='auto', max_gamma=0), 'max_gamma must be'),
+    (dict(gamma='auto', max_gamma=2.5), 'max_gamma must be'),
+    (dict(gamma='auto', max_gamma='3'), 'max_gamma must be'),
+    (dict(gamma=3, max_gamma=3), "max_gamma is only for gamma='auto'"),
+])
+def test_bad_max_gamma_names_the_argument(kwargs, message):
+  target = random_model(0)
+  with pytest.raises((TypeError, ValueError), match=message):
+    sd.generate(target, random_inputs(1, 4, 512, seed=0), max_decode_len=4,
+                draft=perturbed(target, 0.3, seed=1), **kwargs)
+
+
+def test_max_gamma_bounds_the_proposals(auto_costs):
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  auto_costs(CHEAP, prior=0.95)
+  result = sd.generate(target, random_inputs(2, 7, 512, seed=5),
+                       max_decode_len=12, draft=draft, gamma='auto',
+                       max_gamma=2)
+  assert result.gamma == 2
+  assert np.asarray(result.proposal_counts).shape == (2, 3)
+  assert np.asarray(result.proposal_counts)[:, 1:].sum() > 0
+
+
+# Exactness at temperature: every count the rule may choose is a valid
+# speculative step, so the samples follow the target's distribution.
+
+def _auto_samples(sampling, seed=0, max_gamma=3):
+  target, draft = _tiny_pair()
+  enc = np.array([[3, 4, 2]], np.int32)
+  result = sd.generate(target, np.tile(enc, (SAMPLES, 1)),
+                       max_decode_len=E2E_LEN, draft=draft, gamma='auto',
+                       max_gamma=max_gamma,
+                       temperature=sampling.temperature, top_k=sampling.top_k,
+                       top_p=sampling.top_p, rng=jax.random.PRNGKey(seed))
+  outputs, counts = np.unique(np.asarray(result.tokens), axis=0,
+                              return_counts=True)
+  return {tuple(o): int(c) for o, c in zip(outputs, counts)}, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('sampling', [SamplingConfig(1.0),
+                                      SamplingConfig(0.7, top_k=3)])
+def test_auto_samples_follow_the_target_distribution(auto_costs, sampling):
+  target, _ = _tiny_pair()
+  probs = _exact_distribution(target, np.array([[3, 4, 2]], np.int32),
+                              sampling, eos_id=1)
+  # Near the pair's acceptance, one proposal pays and more do not: rows
+  # switch between plain steps and speculation as their estimates move.
+  auto_costs([1.0, 1.1, 2.2, 2.2], c=0.05, prior=0.5)
+  counts, result = _auto_samples(sampling)
+  histogram = np.asarray(result.proposal_counts).sum(axis=0)
+  # The rule must mix its choices for the test to mean much.
+  assert histogram[0] > 0.1 * histogram.sum()
+  assert histogram[1:].sum() > 0.1 * histogram.sum()
+  assert _pvalue(counts, probs) > FALSE_ALARM_RATE
+
+
+@pytest.mark.slow
+def test_negative_control_biased_correction_is_detected_with_auto(
+    auto_costs, monkeypatch):
+  target, _ = _tiny_pair()
+  sampling = SamplingConfig(1.0)
+  probs = _exact_distribution(target, np.array([[3, 4, 2]], np.int32),
+                              sampling, eos_id=1)
+  auto_costs([1.0, 1.1, 2.2, 2.2], c=0.05, prior=0.5)
+  jax.clear_caches()
+  monkeypatch.setattr(verification, 'residual_distribution',
+                      lambda p, q, lenience=1.0: p)
+  try:
+    counts, _ = _auto_samples(sampling)
+  finally:
+    jax.clear_caches()
+  assert _pvalue(counts, probs) < FALSE_ALARM_RATE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('verify', [CHEAP, MIXED])
+@pytest.mark.parametrize('batch', [1, 4, 7])
+@pytest.mark.parametrize('verification_rule', ['token', 'block'])
+def test_greedy_auto_equals_baseline_full_grid(auto_costs, verify, batch,
+                                               verification_rule):
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(batch, 7, 512, seed=10 + batch)
+  eos = _eos_inside_horizon(target, enc)
+  for prior in (0.2, 0.9):
+    auto_costs(verify, prior=prior)
+    baseline = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos)
+    result = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos,
+                         draft=draft, gamma='auto',
+                         verification=verification_rule)
+    np.testing.assert_array_equal(result.tokens, baseline.tokens)
+    np.testing.assert_array_equal(result.lengths, baseline.lengths)
