@@ -98,7 +98,12 @@ setuptools.setup(
     extras_require={
         # seqio task registration (T5X users) and translation scores.
         'data': ['seqio', 'tensorflow-cpu', 'sacrebleu'],
-        'test': ['pytest', 'hypothesis', 'scipy', 'sacrebleu'],
+        # pytest-xdist: the README's test commands run two workers (most of
+        # the suite's time is compiling, one core each). nbclient ..
+        # matplotlib: tests/test_notebook.py runs the tutorial notebook
+        # (scripts/notebooks/).
+        'test': ['pytest', 'pytest-xdist', 'hypothesis', 'scipy', 'sacrebleu',
+                 'nbclient', 'nbformat', 'ipykernel', 'matplotlib'],
         'plots': ['matplotlib'],
     },
     entry_points={

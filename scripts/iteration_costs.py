@@ -63,15 +63,20 @@ flags.DEFINE_bool('layer_profile', False, 'Also split each K-token call '
                   'into one decoder layer and the rest (about 1 min more).')
 
 
-def layer_profile(target, draft) -> None:
+def layer_profile(target) -> None:
   """Prints one decoder layer's cost and the rest's, per K (see above)."""
   layers = target.config.num_decoder_layers
   empty = truncated_model(target, 0)
-  seconds = {}
-  for name, model in (('no decoder layers', empty), ('all layers', target)):
-    profile = costs.measure_profile(model, draft, 1, FLAGS.max_k - 1,
-                                    repeats=FLAGS.repeats)
-    seconds[name] = np.asarray(profile.verify_seconds)
+  probe = np.ones((1, 32), np.int32)
+  use_kernel = kernels.enabled()
+  ks = range(1, FLAGS.max_k + 1)
+  measured = benchmark.decoder_call_seconds(
+      {(name, k): (model, k, use_kernel)
+       for name, model in (('no decoder layers', empty),
+                           ('all layers', target)) for k in ks},
+      probe, FLAGS.repeats)
+  seconds = {name: np.asarray([measured[(name, k)] for k in ks])
+             for name in ('no decoder layers', 'all layers')}
   rest = seconds['no decoder layers']
   layer = (seconds['all layers'] - rest) / layers
   layer_params = parameter_count(target.params['decoder']['layers_0'])
@@ -81,7 +86,6 @@ def layer_profile(target, draft) -> None:
   else:  # What the kernel streams per step: its panels.
     layer_bytes = sum(panels.nbytes for panels in jax.tree_util.tree_leaves(
         prepared['decoder']['layers_0']))
-  ks = range(1, FLAGS.max_k + 1)
   print('K:                                     ' +
         ' '.join(f'{k:6d}' for k in ks))
   print('embedding + final norm + logits, ms:   ' +
@@ -170,7 +174,7 @@ def main(argv):
           f'{path if use_kernel else "xla"}: ' +
           ' '.join(f'{k}:{d:.2g}' for k, d in enumerate(differences, 1)))
   if FLAGS.layer_profile:
-    layer_profile(target, draft)
+    layer_profile(target)
   calls = {
       'target, 1 token': (target, 1),
       f'target, {FLAGS.gamma + 1} tokens': (target, FLAGS.gamma + 1),

@@ -11,17 +11,21 @@ use them are in `analysis`.
 import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from spec_decode import compile as compile_lib
+from spec_decode import decoding
 from spec_decode import kernels
+from spec_decode import speculative
 from spec_decode.model import init_cache
 from spec_decode.model import Model
 from spec_decode.model.model import decode_chunk
 from spec_decode.model.model import prepare_decoding
+from spec_decode.sampling import SamplingConfig
 
 
 def time_call(fn: Callable[[], Any]) -> float:
@@ -161,6 +165,75 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int, bool]],
     short = median(timings[(name, 2)])
     # Clamped: noise must not make a call free.
     seconds[name] = max(long - short, 0.05 * long) / (steps - 2)
+  return seconds
+
+
+def loop_iteration_seconds(target: Model, draft: Model,
+                           encoder_input_tokens: Any,
+                           counts: Sequence[int], repeats: int = 7,
+                           length: int = 16,
+                           temperature: float = 1.0) -> Dict[int, float]:
+  """Seconds one iteration of the decoders' own loops takes, per count.
+
+  For each count g (0: baseline decoding; else speculative decoding at
+  gamma g) one program runs twice on the probe: once to `length` tokens,
+  once stopping at an early token of that same output (the EOS id is a
+  traced argument, so both runs share one compiled program, and a fixed
+  key samples the same tokens). All runs take turns after warm-up; the
+  difference in time over the difference in iterations is one iteration,
+  everything in it: decoder calls, sampling (or argmax, greedy),
+  verification, bookkeeping.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    encoder_input_tokens: int [batch, enc_len] probe inputs.
+    counts: Draft tokens per iteration to measure (0 for baseline).
+    repeats: Timed runs per count and length.
+    length: Output length of the longer run.
+    temperature: 0 times greedy decoding's iterations.
+
+  Returns:
+    count -> seconds per iteration.
+  """
+  enc = jnp.asarray(encoder_input_tokens, jnp.int32)
+  sampling = SamplingConfig(temperature)
+  rng = jax.random.PRNGKey(0)
+  results = {}
+
+  def decode(count, eos_id):
+    if count == 0:
+      return decoding.baseline_generate(
+          target.config, target.params, enc, rng, length, sampling, eos_id,
+          None, target.decode_kernels)
+    return speculative.speculative_generate(
+        target, draft, enc, rng=rng, max_decode_len=length, sampling=sampling,
+        eos_id=eos_id, gamma=count, lenience=1.0)
+
+  def early_eos(tokens: np.ndarray) -> int:
+    """A token of row 0 first emitted around a quarter of the way."""
+    row = [int(t) for t in tokens[0]]
+    for position in range(length // 4, length - 2):
+      if row.index(row[position]) == position:
+        return row[position]
+    return row[length // 4]
+
+  calls = {}
+  for count in counts:
+    full = np.asarray(decode(count, -1).tokens)  # -1: never emitted.
+    for name, eos_id in (('full', -1), ('early', early_eos(full))):
+      def call(count=count, name=name, eos_id=eos_id):
+        results[(count, name)] = decode(count, eos_id)
+        return results[(count, name)].tokens
+      calls[(count, name)] = call
+  timings = interleaved_timings(calls, repeats, warmup=1)
+  seconds = {}
+  for count in counts:
+    iterations = [int(results[(count, name)].num_iterations)
+                  for name in ('early', 'full')]
+    spent = (median(timings[(count, 'full')])
+             - median(timings[(count, 'early')]))
+    seconds[count] = max(spent, 1e-9) / max(iterations[1] - iterations[0], 1)
   return seconds
 
 

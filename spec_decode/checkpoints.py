@@ -29,6 +29,7 @@ import tensorstore as ts
 
 from spec_decode import partitioning
 from spec_decode.model import check_params
+from spec_decode.model import param_shardings
 from spec_decode.model import T5Config
 
 Params = Dict[str, Any]
@@ -214,7 +215,7 @@ def _read_params(sources: Dict[Tuple[str, ...], Any], file: str,
                          what(key)) for key, source in sources.items()})
   plan = partitioning.Partitioning.create(mesh, rules)
   shardings = flax.traverse_util.flatten_dict(
-      partitioning.param_shardings(config, plan))
+      param_shardings(config, plan))
   return flax.traverse_util.unflatten_dict({
       key: jax.make_array_from_callback(
           source.shape, shardings[key],

@@ -20,6 +20,7 @@ import jax
 CPU_COMPILER_OPTIONS: Dict[str, Any] = {
     # No fusion goes to YNNPACK: dots and reductions stay on XLA's emitters.
     'xla_cpu_experimental_ynn_fusion_type': '',
+    'xla_cpu_copy_insertion_use_region_analysis': True,
 }
 
 

@@ -11,10 +11,9 @@ loop (`adaptive`). The pair's acceptance (the mean beta of its last runs,
 per sampling setting) is kept in the same file, so a fresh process starts
 from it (`acceptance_prior`, `record_acceptance`).
 
-The cache is never trusted blindly: an unreadable, malformed or
-wrong-version file, or an entry whose figures are not positive numbers, is
-measured again; writes go to a temporary file renamed into place, so two
-processes writing at once leave one whole file, never a torn one.
+The cache (`cost_cache`) is never trusted blindly: an unreadable,
+malformed or wrong-version file, or an entry whose figures are not positive
+numbers, is measured again.
 """
 
 import dataclasses
@@ -24,7 +23,6 @@ import json
 import math
 import os
 import platform
-import tempfile
 import weakref
 from typing import Any, Dict, Optional, Tuple
 
@@ -32,34 +30,46 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import adaptive
 from spec_decode import benchmark
+from spec_decode import cost_cache
 from spec_decode import kernels
+from spec_decode.cost_cache import cache_path
+from spec_decode.cost_cache import read_cache
 from spec_decode.model import Model
 
-CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
-CACHE_FORMAT = 1
 DEFAULT_MAX_GAMMA = 7
-# Where gamma='auto' starts a pair it has never run (each row's own
-# estimate takes over within a few iterations).
-DEFAULT_ALPHA_PRIOR = 0.5
-# The kept acceptance halves its weight past this many positions, so it
-# follows the pair's recent use.
-_ACCEPTANCE_HORIZON = 20000
+# Where gamma='auto' starts a pair it has never run: optimistic, so rows
+# propose and observe (each row's own estimate takes over within a few
+# iterations, and the run's acceptance is kept as the next prior). A
+# pessimistic start would never propose, so never learn.
+DEFAULT_ALPHA_PRIOR = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
 class CostProfile:
-  """Seconds per decoder call on this machine, at one batch size.
+  """Seconds per decoder call and per decoding iteration, at one batch size.
 
   Attributes:
     target_step_seconds: A target call scoring one token per row.
     draft_step_seconds: A draft call scoring one token per row.
     verify_seconds: verify_seconds[k - 1] is a target call scoring k tokens
       per row, k = 1 .. max_gamma + 1.
+    iteration_counts: Draft tokens per iteration whose whole loop
+      iteration was timed: 0 (baseline decoding) and each count that fills
+      one of gamma='auto''s call widths (`adaptive.chunk_widths`).
+    iteration_seconds: One iteration of the decoders' loops at those counts
+      (decoder calls, sampling at temperature 1, verification, bookkeeping;
+      `benchmark.loop_iteration_seconds`).
+    greedy_iteration_seconds: The same, greedy (an argmax instead of each
+      draw: cheaper, most of all for long proposals).
   """
   target_step_seconds: float
   draft_step_seconds: float
   verify_seconds: Tuple[float, ...]
+  iteration_counts: Tuple[int, ...]
+  iteration_seconds: Tuple[float, ...]
+  greedy_iteration_seconds: Tuple[float, ...]
 
   @property
   def c(self) -> float:
@@ -74,6 +84,16 @@ class CostProfile:
     """A target call on gamma + 1 tokens, in single-token target steps."""
     return self.verify_seconds[gamma] / self.target_step_seconds
 
+  def iteration_cost(self, gamma: int, greedy: bool = False) -> float:
+    """An iteration proposing gamma tokens (0: a baseline step), in baseline
+    iterations of the same kind (greedy or sampled), timed at the smallest
+    measured count >= gamma: what gamma='auto''s rule weighs."""
+    index = next((i for i, count in enumerate(self.iteration_counts)
+                  if count >= gamma), len(self.iteration_counts) - 1)
+    seconds = (self.greedy_iteration_seconds if greedy
+               else self.iteration_seconds)
+    return seconds[index] / seconds[0]
+
   def to_json(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
 
@@ -83,13 +103,23 @@ class CostProfile:
     try:
       profile = cls(float(entry['target_step_seconds']),
                     float(entry['draft_step_seconds']),
-                    tuple(float(v) for v in entry['verify_seconds']))
+                    tuple(float(v) for v in entry['verify_seconds']),
+                    tuple(int(v) for v in entry['iteration_counts']),
+                    tuple(float(v) for v in entry['iteration_seconds']),
+                    tuple(float(v) for v in entry['greedy_iteration_seconds']))
     except (KeyError, TypeError, ValueError):
       return None
     values = (profile.target_step_seconds, profile.draft_step_seconds,
-              *profile.verify_seconds)
-    if len(profile.verify_seconds) < 2 or not all(
-        math.isfinite(v) and v > 0 for v in values):
+              *profile.verify_seconds, *profile.iteration_seconds,
+              *profile.greedy_iteration_seconds)
+    if (len(profile.verify_seconds) < 2
+        or not all(math.isfinite(v) and v > 0 for v in values)
+        or len(profile.iteration_counts) != len(profile.iteration_seconds)
+        or len(profile.iteration_counts) != len(
+            profile.greedy_iteration_seconds)
+        or not profile.iteration_counts or profile.iteration_counts[0] != 0
+        or list(profile.iteration_counts) != sorted(
+            set(profile.iteration_counts))):
       return None
     return profile
 
@@ -161,64 +191,6 @@ def cache_key(target: Model, draft: Model, batch_size: int,
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-def cache_path() -> str:
-  """$SPEC_DECODE_CACHE_DIR, else $XDG_CACHE_HOME/spec_decode, else ~/.cache."""
-  folder = os.environ.get(CACHE_DIR_ENV) or os.path.join(
-      os.environ.get('XDG_CACHE_HOME') or os.path.join(
-          os.path.expanduser('~'), '.cache'), 'spec_decode')
-  return os.path.join(folder, 'costs.json')
-
-
-def _read_file(path: str) -> Dict[str, Any]:
-  """The whole cache file; {} for a missing, unreadable or malformed one."""
-  try:
-    with open(path) as f:
-      data = json.load(f)
-  except (OSError, ValueError):
-    return {}
-  if not isinstance(data, dict) or data.get('format') != CACHE_FORMAT:
-    return {}
-  return data
-
-
-def _section(data: Dict[str, Any], name: str) -> Dict[str, Any]:
-  section = data.get(name)
-  return section if isinstance(section, dict) else {}
-
-
-def _update_file(path: str, name: str, key: str, value: Any) -> None:
-  """Sets data[name][key] = value, replacing the file atomically."""
-  data = _read_file(path)
-  sections = {section: _section(data, section)
-              for section in ('entries', 'acceptance')}
-  sections[name][key] = value
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  handle, tmp = tempfile.mkstemp(dir=folder, prefix='.costs.',
-                                 suffix='.tmp')
-  try:
-    with os.fdopen(handle, 'w') as f:
-      json.dump({'format': CACHE_FORMAT, **sections}, f, indent=1)
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
-
-
-def read_cache(path: str) -> Dict[str, Any]:
-  """The cache's cost entries; {} for a missing, unreadable or malformed
-  file."""
-  return _section(_read_file(path), 'entries')
-
-
-def write_entry(path: str, key: str, profile: CostProfile,
-                machine: Dict[str, str]) -> None:
-  """Adds one cost entry, replacing the file atomically."""
-  _update_file(path, 'entries', key, {**profile.to_json(),
-                                      'machine': machine})
-
-
 def _acceptance_key(target: Model, draft: Model, sampling: Any) -> str:
   text = json.dumps({'target': _model_digest(target),
                      'draft': _model_digest(draft),
@@ -227,78 +199,36 @@ def _acceptance_key(target: Model, draft: Model, sampling: Any) -> str:
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-# (path, key) -> [beta_sum, beta_count, count when last written].
-_ACCEPTANCE: Dict[Tuple[str, str], list] = {}
-
-
-def _acceptance(path: str, key: str) -> list:
-  if (path, key) not in _ACCEPTANCE:
-    entry = _section(_read_file(path), 'acceptance').get(key)
-    figures = [0.0, 0]
-    if (isinstance(entry, dict)
-        and isinstance(entry.get('beta_sum'), (int, float))
-        and isinstance(entry.get('beta_count'), int)
-        and entry['beta_count'] > 0
-        and 0.0 <= entry['beta_sum'] <= entry['beta_count']):
-      figures = [float(entry['beta_sum']), entry['beta_count']]
-    _ACCEPTANCE[(path, key)] = figures + [figures[1]]
-  return _ACCEPTANCE[(path, key)]
-
-
 def acceptance_prior(target: Model, draft: Model, sampling: Any,
                      path: Optional[str] = None) -> Optional[float]:
-  """The pair's mean beta at this sampling setting, or None before any run.
-
-  A stale or corrupt entry (not a pair of numbers with 0 <= sum <= count)
-  is ignored, as the cost entries are.
-  """
-  figures = _acceptance(path or cache_path(),
-                        _acceptance_key(target, draft, sampling))
-  return figures[0] / figures[1] if figures[1] else None
+  """The pair's mean beta at this sampling setting (its last runs'), kept
+  beside the costs, or None before any run (`cost_cache.acceptance`)."""
+  return cost_cache.acceptance(_acceptance_key(target, draft, sampling),
+                               path)
 
 
 def record_acceptance(target: Model, draft: Model, sampling: Any,
                       beta_sum: float, beta_count: int,
                       path: Optional[str] = None) -> None:
-  """Adds a run's betas to the pair's kept acceptance.
-
-  The file is rewritten when the positions counted grew by a quarter since
-  the last write (not after every call: a notebook's loop of calls stays
-  cheap); a read-only home keeps the figures in memory only.
-  """
-  path = path or cache_path()
-  key = _acceptance_key(target, draft, sampling)
-  figures = _acceptance(path, key)
-  figures[0] += beta_sum
-  figures[1] += beta_count
-  if figures[1] > _ACCEPTANCE_HORIZON:
-    figures[0] /= 2
-    figures[1] //= 2
-    figures[2] = 0
-  if figures[1] and figures[1] >= 1.25 * figures[2]:
-    try:
-      _update_file(path, 'acceptance', key,
-                   {'beta_sum': figures[0], 'beta_count': figures[1]})
-      figures[2] = figures[1]
-    except OSError:
-      pass
-
-
-def forget_acceptance() -> None:
-  """Drops the acceptance figures read into memory (the file stays)."""
-  _ACCEPTANCE.clear()
+  """Adds a run's betas to the pair's kept acceptance."""
+  cost_cache.add_acceptance(_acceptance_key(target, draft, sampling),
+                            beta_sum, beta_count, path)
 
 
 def measure_profile(target: Model, draft: Model, batch_size: int,
                     max_gamma: int = DEFAULT_MAX_GAMMA,
                     encoder_length: int = 32, repeats: int = 7,
                     steps: int = 12) -> CostProfile:
-  """Times target calls of 1 .. max_gamma + 1 tokens and a draft step.
+  """Times decoder calls and whole decoding iterations on this machine.
 
-  Each kind of call is timed inside a compiled loop, interleaved with the
-  others, the per-run dispatch differenced out
-  (`benchmark.decoder_call_seconds`), on the path decoding takes now (the
-  few-row kernel or XLA's dots, `kernels.available()`).
+  Target calls of 1 .. max_gamma + 1 tokens and a draft step are each timed
+  inside a compiled loop, interleaved with the others, the per-run dispatch
+  differenced out (`benchmark.decoder_call_seconds`), on the path decoding
+  takes now (the few-row kernel or XLA's dots, `kernels.available()`).
+  Then whole iterations of the decoders' own loops
+  (`benchmark.loop_iteration_seconds`): a baseline step and speculative
+  iterations at the counts that fill gamma='auto''s call widths (1, 3, 7):
+  what the in-loop rule weighs.
 
   Args:
     target: The target.
@@ -318,11 +248,21 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
               for k in range(1, max_gamma + 2)}
   variants[('draft', 1)] = (draft, 1, use_kernel)
   seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
+  counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
+                        if width > 1)
+  iterations = benchmark.loop_iteration_seconds(target, draft, probe, counts,
+                                                repeats=repeats)
+  greedy_iterations = benchmark.loop_iteration_seconds(
+      target, draft, probe, counts, repeats=repeats, temperature=0.0)
   return CostProfile(
       target_step_seconds=seconds[('target', 1)],
       draft_step_seconds=seconds[('draft', 1)],
       verify_seconds=tuple(seconds[('target', k)]
-                           for k in range(1, max_gamma + 2)))
+                           for k in range(1, max_gamma + 2)),
+      iteration_counts=counts,
+      iteration_seconds=tuple(iterations[count] for count in counts),
+      greedy_iteration_seconds=tuple(greedy_iterations[count]
+                                     for count in counts))
 
 
 def cost_profile(target: Model, draft: Model, batch_size: int,
@@ -354,7 +294,8 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
       return profile
   profile = measure_profile(target, draft, batch_size, max_gamma)
   try:
-    write_entry(path, key, profile, machine_description())
+    cost_cache.write_entry(path, key, {**profile.to_json(),
+                                       'machine': machine_description()})
   except OSError:
     pass  # A read-only home still decodes; it measures again next time.
   _LOADED[(path, key)] = profile

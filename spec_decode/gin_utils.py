@@ -15,6 +15,8 @@ from absl import flags
 import gin
 from gin import resource_reader
 
+from spec_decode import device_mesh
+
 
 CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'configs')
@@ -166,7 +168,6 @@ def start_multiprocess() -> None:
   each host's rows on its own devices and gathers the results, so
   process 0 alone prints and (`report.is_writer`) writes files.
   """
-  from spec_decode import device_mesh  # pylint: disable=g-import-not-at-top
   if device_mesh.initialize_multiprocess() != 0:
     sys.stdout = open(os.devnull, 'w')  # pylint: disable=consider-using-with
 

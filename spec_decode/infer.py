@@ -38,8 +38,9 @@ class InferConfig:
     draft: The draft proposing tokens, or None for baseline decoding.
     task: Local task whose input prefix is added ('translate_en_de',
       'summarize').
-    gamma: Draft tokens per speculative iteration, or 'auto' (from costs
-      measured on this machine; see `spec_decode.generate`).
+    gamma: Draft tokens per speculative iteration, or 'auto' (each row,
+      each iteration, from its acceptance so far and the costs measured on
+      this machine; see `spec_decode.generate`).
     temperature: 0 is greedy.
     top_k: Keep the k most likely tokens (0 keeps all).
     top_p: Nucleus mass kept, in (0, 1].

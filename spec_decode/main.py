@@ -52,9 +52,9 @@ class MainConfig:
     first_example: Index of the first test example used (e.g. past the
       committed samples, with `data_dir` set, for sentences never looked at).
     temperatures: Sampling temperatures; 0 is greedy.
-    gamma: Draft tokens per iteration, or 'auto' (chosen per example from
-      the costs measured on this machine and the running alpha estimate;
-      baseline decoding when no gamma pays).
+    gamma: Draft tokens per iteration, or 'auto' (each row chooses 0 to
+      max_gamma proposals per iteration inside the compiled loop, from its
+      own acceptance so far and the costs measured on this machine).
     max_decode_len: Output length limit.
     input_length: Encoder inputs are truncated and padded to this length.
     data_dir: Folder from scripts/prepare_data.py; None uses the committed

@@ -22,6 +22,7 @@ from spec_decode import partitioning
 from spec_decode import speculative
 from spec_decode.model import init_cache
 from spec_decode.model import param_shapes
+from spec_decode.model import param_shardings
 from spec_decode.model import T5Config
 from spec_decode.sampling import SamplingConfig
 
@@ -39,7 +40,7 @@ CHIP_MEMORY: Dict[str, int] = {
 
 def _abstract_params(config: T5Config, plan: partitioning.Partitioning,
                      dtype: Any) -> Any:
-  shardings = partitioning.param_shardings(config, plan)
+  shardings = param_shardings(config, plan)
   return jax.tree_util.tree_map(
       lambda shape, sharding: jax.ShapeDtypeStruct(shape.shape, dtype,
                                                    sharding=sharding),

@@ -205,11 +205,18 @@ def _flatten(tree: Any) -> dict:
           flax.traverse_util.flatten_dict(tree).items()}
 
 
-def param_shardings(config: Any, partitioning: Partitioning) -> Any:
-  """The `NamedSharding` of every parameter of `config`.
+def param_shardings(param_shapes: Any, logical_axes: Any, num_heads: int,
+                    partitioning: Partitioning) -> Any:
+  """The `NamedSharding` of every parameter of a model.
+
+  The model package calls this with its own trees
+  (`spec_decode.model.param_shardings(config, partitioning)`): this module
+  sits below the model and knows nothing of its layout.
 
   Args:
-    config: A `T5Config`.
+    param_shapes: The parameter tree with `jax.ShapeDtypeStruct` leaves.
+    logical_axes: The same tree with the leaves' logical axis names.
+    num_heads: Attention heads (the decoder caches split them).
     partitioning: The mesh and rules.
 
   Returns:
@@ -219,13 +226,11 @@ def param_shardings(config: Any, partitioning: Partitioning) -> Any:
     ValueError: A parameter dimension (or the heads of the caches) does not
       divide its mesh axis; the message names it.
   """
-  # Imported here: the model package imports this module for `constrain`.
-  from spec_decode.model import model as model_lib  # pylint: disable=g-import-not-at-top
-  shapes = _flatten(model_lib.param_shapes(config))
-  axes = _flatten(model_lib.logical_axes(config))
+  shapes = _flatten(param_shapes)
+  axes = _flatten(logical_axes)
   # The caches split their heads over the axis the rules give 'heads'.
   partitioning.check_divisible(
-      'num_heads (decoder caches)', (config.num_heads,), ('heads',))
+      'num_heads (decoder caches)', (num_heads,), ('heads',))
   shardings = {}
   for key, shape in shapes.items():
     logical = tuple(axes[key])
@@ -234,18 +239,17 @@ def param_shardings(config: Any, partitioning: Partitioning) -> Any:
   return flax.traverse_util.unflatten_dict(shardings)
 
 
-def shard_params(params: Any, config: Any, partitioning: Partitioning) -> Any:
+def shard_params(params: Any, shardings: Any) -> Any:
   """Places `params` on the mesh (each device gets its shard only).
 
   Args:
     params: The parameter tree (numpy or jax arrays).
-    config: Its `T5Config`.
-    partitioning: The mesh and rules.
+    shardings: A tree like it with `NamedSharding` leaves
+      (`spec_decode.model.param_shardings`).
 
   Returns:
     The tree of sharded `jax.Array`s.
   """
-  shardings = param_shardings(config, partitioning)
   return jax.tree_util.tree_map(
       lambda x, s: jax.device_put(x, s), params, shardings)
 

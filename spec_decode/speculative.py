@@ -105,25 +105,6 @@ def _write_rows(array: Array, values: Array, start: Array) -> Array:
           array, values, start)
 
 
-def _target_scores(config, params, prepared, encoded, cache, tokens: Array,
-                   lengths: Array, width_index: Array, widths):
-  """The target's logits on tokens [batch, gamma + 1] at positions n.., in
-  one call of widths[width_index] tokens (positions past it: zeros)."""
-  full = tokens.shape[1]
-
-  def call(width):
-    def run(cache):
-      logits, cache = decode_chunk(config, params, tokens[:, :width],
-                                   lengths, cache, encoded, prepared)
-      return jnp.pad(logits, ((0, 0), (0, full - width), (0, 0))), cache
-    return run
-
-  if len(widths) == 1:
-    return call(widths[0])(cache)
-  return jax.lax.switch(width_index, [call(width) for width in widths],
-                        cache)
-
-
 def _speculative_loop(target_config, draft_config, target_params,
                       draft_params, target_prepared, draft_prepared,
                       encoder_input_tokens, rng,
@@ -155,14 +136,14 @@ def _speculative_loop(target_config, draft_config, target_params,
   def cond(state):
     return (state.iteration < max_decode_len) & ~jnp.all(state.done)
 
-  def draft_block(state, counts, draft_keys):
+  def draft_block(state, counts, draft_keys, draft_ran):
     """The draft's proposals (tokens, probs, cache, proposed, fed)."""
     n = state.lengths
     with as_draft():
       logits, cache = drafting.catch_up(
           draft_config, draft_params, draft_prepared, draft_encoded,
           state.draft_cache, state.inputs, n, state.draft_len,
-          catch_up_widths)
+          catch_up_widths, draft_ran)
 
       def decode(cache, token, i):
         logits, cache = decode_chunk(draft_config, draft_params,
@@ -174,13 +155,6 @@ def _speculative_loop(target_config, draft_config, target_params,
       return drafting.propose(decode, cache, logits, step_keys, gamma,
                               counts, sampling, draft_stop)
 
-  def no_draft_block(state, counts, draft_keys):
-    del counts, draft_keys
-    zeros = jnp.zeros((batch,), jnp.int32)
-    return (jnp.zeros((batch, gamma), jnp.int32),
-            jnp.zeros((batch, gamma, draft_config.vocab_size), jnp.float32),
-            state.draft_cache, zeros, zeros)
-
   def body(state):
     n = state.lengths
     active = ~state.done
@@ -191,27 +165,15 @@ def _speculative_loop(target_config, draft_config, target_params,
 
     if auto:
       counts, expected, cost = adaptive.choose_counts(
-          state.alpha, max_decode_len - n, active, proposal_costs, widths)
+          state.alpha, max_decode_len - n, active, proposal_costs)
+      # Where no row proposes, the draft feeds nothing and its loops do not
+      # start (a row with count 0 makes no proposal).
       draft_ran = jnp.any(counts > 0)
-      draft_tokens, draft_probs, draft_cache, proposed, fed = jax.lax.cond(
-          draft_ran, draft_block, no_draft_block, state, counts, draft_keys)
     else:
       counts = jnp.full((batch,), gamma, jnp.int32)
       draft_ran = jnp.ones((), jnp.bool_)
-      draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
-          state, counts, draft_keys)
-
-    # One target call scores the last token and every row's proposals.
-    last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
-    width_index = adaptive.width_index(
-        jnp.max(jnp.where(active, proposed, 0)) + 1, widths)
-    target_logits, target_cache = _target_scores(
-        target_config, target_params, target_prepared, target_encoded,
-        state.target_cache, jnp.concatenate([last_token, draft_tokens],
-                                            axis=1),
-        n, width_index, widths)
-    target_probs = jnp.exp(sampling_lib.process_logits(target_logits,
-                                                       sampling))
+    draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
+        state, counts, draft_keys, draft_ran)
 
     if sampling.greedy:
       uniforms = jnp.zeros((batch, gamma), jnp.float32)
@@ -221,21 +183,63 @@ def _speculative_loop(target_config, draft_config, target_params,
     # Positions past a row's proposals are never accepted: the token after
     # them is the bonus from p (their q is 0).
     uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
-    if verification == 'block':
-      num_accepted, correction_probs = block_verification.verify_block(
-          draft_tokens, draft_probs, target_probs, uniforms)
-    else:
-      num_accepted = verify_draft(draft_tokens, draft_probs, target_probs,
-                                  uniforms, lenience)
-      correction_probs = correction_distribution(draft_probs, target_probs,
-                                                 num_accepted, lenience)
-    correction = sampling_lib.sample_tokens(
-        correction_keys, jnp.log(correction_probs), sampling.greedy)
+    last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
 
-    # [batch, gamma + 1]: accepted drafts, then the correction/bonus token.
-    proposal = jnp.pad(draft_tokens, ((0, 0), (0, 1)))
-    new_tokens = jnp.where(positions < num_accepted[:, None], proposal,
-                           correction[:, None])
+    def score_and_verify(width):
+      """One target call on `width` tokens per row and everything after
+      it at that width, so an iteration costs what its call needs."""
+      count = width - 1  # Proposals the call can score.
+
+      def run(cache):
+        logits, cache = decode_chunk(
+            target_config, target_params,
+            jnp.concatenate([last_token, draft_tokens[:, :count]], axis=1),
+            n, cache, target_encoded, target_prepared)
+        target_probs = jnp.exp(sampling_lib.process_logits(logits, sampling))
+        tokens, probs = draft_tokens[:, :count], draft_probs[:, :count]
+        if count == 0:
+          accepted = jnp.zeros((batch,), jnp.int32)
+          correction_probs = target_probs[:, 0]
+        elif verification == 'block':
+          accepted, correction_probs = block_verification.verify_block(
+              tokens, probs, target_probs, uniforms[:, :count])
+        else:
+          accepted = verify_draft(tokens, probs, target_probs,
+                                  uniforms[:, :count], lenience)
+          correction_probs = correction_distribution(probs, target_probs,
+                                                     accepted, lenience)
+        correction = sampling_lib.sample_tokens(
+            correction_keys, jnp.log(correction_probs), sampling.greedy)
+        # [batch, width]: accepted drafts, then the correction/bonus token.
+        here = positions[:width]
+        new_tokens = jnp.where(here < accepted[:, None],
+                               jnp.pad(tokens, ((0, 0), (0, 1))),
+                               correction[:, None])
+        new_logprobs = sampling_lib.token_logprobs(logits, new_tokens)
+        # beta at the positions the rule examined: accepted ones plus the
+        # first rejected one; later ones were conditioned on a rejection.
+        examined = ((here[:count] <= accepted[:, None])
+                    & (here[:count] < proposed[:, None]) & active[:, None])
+        beta = jnp.sum(jnp.where(
+            examined, overlap_mass(target_probs[:, :count], probs), 0.0),
+                       axis=1)
+        pad = ((0, 0), (0, gamma + 1 - width))
+        return (cache, accepted, jnp.pad(new_tokens, pad),
+                jnp.pad(new_logprobs, pad), beta,
+                jnp.sum(examined, axis=1))
+      return run
+
+    # One target call scores the last token and every row's proposals.
+    branches = [score_and_verify(width) for width in widths]
+    if len(branches) == 1:
+      verified = branches[0](state.target_cache)
+    else:
+      verified = jax.lax.switch(
+          adaptive.width_index(jnp.max(jnp.where(active, proposed, 0)) + 1,
+                               widths), branches, state.target_cache)
+    (target_cache, num_accepted, new_tokens, new_logprobs, beta,
+     examined_count) = verified
+
     count = jnp.where(active,
                       jnp.minimum(num_accepted + 1, max_decode_len - n), 0)
     is_eos = (new_tokens == eos_id) & (positions < count[:, None])
@@ -243,16 +247,7 @@ def _speculative_loop(target_config, draft_config, target_params,
     count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
     emitted = positions < count[:, None]
     new_tokens = jnp.where(emitted, new_tokens, 0)
-    new_logprobs = jnp.where(
-        emitted, sampling_lib.token_logprobs(target_logits, new_tokens), 0.0)
-
-    # beta at the positions the rule examined: accepted ones plus the first
-    # rejected one; later positions were conditioned on a rejected prefix.
-    examined = ((positions[:gamma] <= num_accepted[:, None])
-                & (positions[:gamma] < proposed[:, None]) & active[:, None])
-    beta = jnp.sum(jnp.where(examined, overlap_mass(
-        target_probs[:, :gamma], draft_probs), 0.0), axis=1)
-    examined_count = jnp.sum(examined, axis=1)
+    new_logprobs = jnp.where(emitted, new_logprobs, 0.0)
     active_int = active.astype(jnp.int32)
     state = state.replace(
         alpha=(adaptive.update_alpha(state.alpha, beta, examined_count,

@@ -9,6 +9,8 @@ import pytest
 from scipy import stats
 
 import spec_decode as sd
+from spec_decode import adaptive
+from spec_decode import costs
 
 # ../shared/fixtures relative to the project root: ground truth computed by
 # T5X itself. Tests skip only when the whole folder is absent.
@@ -121,3 +123,14 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
   observed, expected = observed[keep], expected[keep]
   expected *= observed.sum() / expected.sum()  # float rounding only
   return float(stats.chisquare(observed, expected).pvalue)
+
+
+def cost_profile_from_curve(verify, c: float = 0.05):
+  """A `costs.CostProfile` whose whole iterations cost what their calls do:
+  a target call on g + 1 tokens (verify[g] steps) and g draft steps."""
+  counts = (0,) + tuple(width - 1 for width in
+                        adaptive.chunk_widths(len(verify) - 1) if width > 1)
+  return costs.CostProfile(
+      1.0, c, tuple(verify), counts,
+      tuple(1.0 if g == 0 else verify[g] + g * c for g in counts),
+      tuple(1.0 if g == 0 else verify[g] + g * c for g in counts))

@@ -7,11 +7,13 @@ import pytest
 
 import spec_decode as sd
 from spec_decode import adaptive
+from spec_decode import cost_cache
 from spec_decode import costs
 from spec_decode import speculative
 from spec_decode import verification
 from spec_decode.sampling import SamplingConfig
 
+from conftest import cost_profile_from_curve
 from conftest import FALSE_ALARM_RATE
 from conftest import perturbed
 from conftest import random_inputs
@@ -26,7 +28,13 @@ from test_speculative import SAMPLES
 
 
 def _costs(verify, c=0.05, prior=0.6, gain=adaptive.MIN_GAIN):
-  return adaptive.ProposalCosts.create(verify, c, prior, gain)
+  """ProposalCosts from a K-curve and c, as `generate` builds them."""
+  profile = cost_profile_from_curve(verify, c)
+  widths = adaptive.chunk_widths(len(verify) - 1)
+  return adaptive.ProposalCosts.create(
+      adaptive.price_at_widths(
+          [profile.iteration_cost(g) for g in range(len(verify))], widths),
+      prior, gain)
 
 
 def test_chunk_widths_cover_every_count():
@@ -42,14 +50,13 @@ def test_chunk_widths_cover_every_count():
 
 def test_counts_maximise_tokens_per_step():
   costs_ = _costs([1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], c=0.05)
-  widths = adaptive.chunk_widths(7)
   alpha = jnp.asarray([0.9, 0.6, 0.05, 0.9, 0.9])
   remaining = jnp.asarray([40, 40, 40, 3, 40])
   active = jnp.asarray([True, True, True, True, False])
   counts, expected, cost = adaptive.choose_counts(alpha, remaining, active,
-                                                  costs_, widths)
+                                                  costs_)
   counts = np.asarray(counts)
-  table = np.asarray(adaptive.iteration_cost(costs_, widths))
+  table = np.asarray(costs_.iteration_cost)
   for row in range(3):
     rates = [(1 - alpha[row] ** (g + 1)) / (1 - alpha[row]) / table[g]
              for g in range(8)]
@@ -69,7 +76,7 @@ def test_dear_verification_means_plain_steps():
   costs_ = _costs([1.0, 2.0, 3.0, 4.0], c=0.3)
   counts, _, _ = adaptive.choose_counts(
       jnp.asarray([0.95, 0.5]), jnp.asarray([40, 40]),
-      jnp.asarray([True, True]), costs_, adaptive.chunk_widths(3))
+      jnp.asarray([True, True]), costs_)
   np.testing.assert_array_equal(counts, [0, 0])
 
 
@@ -90,19 +97,19 @@ def test_alpha_follows_betas_and_drifts_back_to_the_prior():
 def auto_costs(monkeypatch, tmp_path):
   """Measured costs replaced by given ones (no timing in tests); the kept
   acceptance goes to a fresh folder."""
-  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path))
-  costs.forget_acceptance()
+  monkeypatch.setenv(cost_cache.CACHE_DIR_ENV, str(tmp_path))
+  cost_cache.forget_acceptance()
   state = {}
 
   def use(verify, c=0.05, prior=None):
-    state['profile'] = costs.CostProfile(1.0, c, tuple(verify))
+    state['profile'] = cost_profile_from_curve(verify, c)
     if prior is not None:
       monkeypatch.setattr(costs, 'acceptance_prior',
                           lambda *args, **kwargs: prior)
   monkeypatch.setattr(costs, 'cost_profile',
                       lambda *args, **kwargs: state['profile'])
   yield use
-  costs.forget_acceptance()
+  cost_cache.forget_acceptance()
 
 
 # K-curves that make the rule choose differently: speculation always pays,
@@ -177,31 +184,31 @@ def test_the_pair_acceptance_is_kept_for_the_next_process(auto_costs,
   assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
       want, rel=1e-5)
   # A fresh process reads it back from the file; other samplings do not.
-  costs.forget_acceptance()
+  cost_cache.forget_acceptance()
   assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
       want, rel=1e-5)
   assert costs.acceptance_prior(target, draft, SamplingConfig(1.0)) is None
-  assert costs.read_cache(costs.cache_path()) == {}  # Costs untouched.
+  assert cost_cache.read_cache(cost_cache.cache_path()) == {}  # Costs untouched.
 
 
 def test_a_corrupt_acceptance_entry_is_ignored(tmp_path, monkeypatch):
-  monkeypatch.setenv(costs.CACHE_DIR_ENV, str(tmp_path))
-  costs.forget_acceptance()
+  monkeypatch.setenv(cost_cache.CACHE_DIR_ENV, str(tmp_path))
+  cost_cache.forget_acceptance()
   target = random_model(0)
   draft = perturbed(target, 0.3, seed=1)
   sampling = SamplingConfig(0.0)
   costs.record_acceptance(target, draft, sampling, 6.0, 10)
-  path = costs.cache_path()
+  path = cost_cache.cache_path()
   text = open(path).read().replace('6.0', '60.0')  # sum > count: corrupt
   with open(path, 'w') as f:
     f.write(text)
-  costs.forget_acceptance()
+  cost_cache.forget_acceptance()
   assert costs.acceptance_prior(target, draft, sampling) is None
   with open(path, 'w') as f:
     f.write('{not json')
-  costs.forget_acceptance()
+  cost_cache.forget_acceptance()
   assert costs.acceptance_prior(target, draft, sampling) is None
-  costs.forget_acceptance()
+  cost_cache.forget_acceptance()
 
 
 @pytest.mark.parametrize('kwargs, message', [

@@ -139,7 +139,11 @@ def _result(accepted, examined, beta, lengths, calls):
       draft_tokens_accepted=np.array(accepted),
       acceptance_rate=np.array(accepted) / np.array(examined),
       mean_beta=np.array(beta, np.float32),
-      verified_positions=np.array(examined), num_iterations=np.array(0))
+      verified_positions=np.array(examined), num_iterations=np.array(0),
+      # Every call proposed gamma = 3 tokens.
+      proposal_counts=np.eye(4, dtype=np.int32)[np.full(rows, 3)]
+      * np.array(calls)[:, None],
+      predicted_speedup=np.zeros(rows, np.float32))
 
 
 def test_alpha_counts_examined_tokens_and_pools_results():

@@ -8,8 +8,10 @@ import sys
 import pytest
 
 import spec_decode as sd
+from spec_decode import cost_cache
 from spec_decode import costs
 
+from conftest import cost_profile_from_curve
 from conftest import random_inputs
 from conftest import random_model
 
@@ -17,19 +19,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _profile(verify, c=0.05):
-  return costs.CostProfile(1.0, c, tuple(verify))
+  return cost_profile_from_curve(verify, c)
 
 
 def test_malformed_profiles_are_rejected():
+  good = _profile([1.0, 1.2]).to_json()
   assert costs.CostProfile.from_json({'target_step_seconds': 1}) is None
+  assert costs.CostProfile.from_json({**good, 'draft_step_seconds': -1}) is None
   assert costs.CostProfile.from_json(
-      {'target_step_seconds': 1, 'draft_step_seconds': -1,
-       'verify_seconds': [1, 2]}) is None
+      {**good, 'verify_seconds': [1, float('nan')]}) is None
   assert costs.CostProfile.from_json(
-      {'target_step_seconds': 1, 'draft_step_seconds': 0.1,
-       'verify_seconds': [1, float('nan')]}) is None
-  good = _profile([1.0, 1.2])
-  assert costs.CostProfile.from_json(good.to_json()) == good
+      {**good, 'iteration_counts': [1, 3]}) is None
+  # An entry from before whole iterations were timed is stale.
+  stale = dict(good)
+  del stale['iteration_seconds']
+  assert costs.CostProfile.from_json(stale) is None
+  assert costs.CostProfile.from_json(
+      {**good, 'greedy_iteration_seconds': [1.0]}) is None
+  assert costs.CostProfile.from_json(good) == _profile([1.0, 1.2])
+
+
+def test_iteration_cost_is_timed_at_the_next_measured_count():
+  profile = costs.CostProfile(0.01, 0.001, (0.01, 0.011, 0.012, 0.013),
+                              (0, 1, 3), (0.0125, 0.015, 0.02),
+                              (0.01, 0.011, 0.014))
+  assert profile.iteration_cost(0) == 1.0
+  assert profile.iteration_cost(1) == pytest.approx(0.015 / 0.0125)
+  assert profile.iteration_cost(2) == profile.iteration_cost(3) == (
+      pytest.approx(0.02 / 0.0125))
+  # Greedy iterations are priced against greedy baseline steps.
+  assert profile.iteration_cost(0, greedy=True) == 1.0
+  assert profile.iteration_cost(3, greedy=True) == pytest.approx(1.4)
 
 
 @pytest.fixture
@@ -46,14 +66,18 @@ def test_profile_is_measured_once_and_cached(tmp_path, pair, monkeypatch):
   real = costs.measure_profile
 
   def counting(*args, **kwargs):
-    measured.append(1)
-    return real(*args, **kwargs)
+    # The first measurement is real (it shows what a profile holds); later
+    # ones return it again, since only how often they run matters here.
+    measured.append(measured[0] if measured else real(*args, **kwargs))
+    return measured[-1]
 
   monkeypatch.setattr(costs, 'measure_profile', counting)
   first = costs.cost_profile(target, draft, 2, max_gamma=3, path=path)
   again = costs.cost_profile(target, draft, 2, max_gamma=3, path=path)
   assert first == again and len(measured) == 1
   assert first.max_gamma == 3 and first.c > 0
+  assert first.iteration_counts == (0, 1, 3)
+  assert all(seconds > 0 for seconds in first.iteration_seconds)
   # Another batch size is another entry.
   costs.cost_profile(target, draft, 3, max_gamma=3, path=path)
   assert len(measured) == 2
@@ -68,7 +92,7 @@ def test_corrupt_or_stale_cache_is_measured_again(tmp_path, pair, content,
   path = str(tmp_path / 'costs.json')
   key = costs.cache_key(target, draft, 1, 2)
   if content == 'BAD_ENTRY':
-    content = json.dumps({'format': costs.CACHE_FORMAT, 'entries': {
+    content = json.dumps({'format': cost_cache.CACHE_FORMAT, 'entries': {
         key: {'target_step_seconds': 'x'}}})
   with open(path, 'w') as f:
     f.write(content)
@@ -80,10 +104,11 @@ def test_corrupt_or_stale_cache_is_measured_again(tmp_path, pair, content,
 
 def test_concurrent_writers_leave_a_whole_file(tmp_path):
   path = str(tmp_path / 'costs.json')
-  code = ('import sys; from spec_decode import costs; '
-          'p = costs.CostProfile(1.0, 0.1, (1.0, 1.2)); '
-          '[costs.write_entry(sys.argv[1], sys.argv[2] + str(i), p, {}) '
-          'for i in range(40)]')
+  code = ('import sys; from spec_decode import cost_cache, costs; '
+          'p = costs.CostProfile(1.0, 0.1, (1.0, 1.2), (0, 1), (1.0, 1.2), '
+          '(1.0, 1.1)); '
+          '[cost_cache.write_entry(sys.argv[1], sys.argv[2] + str(i), '
+          'p.to_json()) for i in range(40)]')
   writers = [subprocess.Popen([sys.executable, '-c', code, path, name],
                               cwd=ROOT) for name in 'ab']
   reads = 0
@@ -91,7 +116,7 @@ def test_concurrent_writers_leave_a_whole_file(tmp_path):
     if os.path.exists(path):
       with open(path) as f:
         data = json.load(f)  # Never a torn file.
-      assert data['format'] == costs.CACHE_FORMAT
+      assert data['format'] == cost_cache.CACHE_FORMAT
       reads += 1
   assert all(w.returncode == 0 for w in writers)
   assert reads > 0

@@ -25,9 +25,9 @@ ISAS = [isa for isa in sorted(library.ISA_NAMES) if library.supports(isa)]
 
 
 def test_library_built_where_a_compiler_exists():
-  # CI installs with `pip install .`, which must build the kernel whenever a
-  # C++ compiler is on the machine; a silent fallback would hide a broken
-  # build.
+  # CI installs with `pip install -e .`, which must build the kernel in
+  # place whenever a C++ compiler is on the machine; a silent fallback would
+  # hide a broken build.
   if shutil.which('c++') is None and shutil.which('g++') is None:
     pytest.skip('no C++ compiler on this machine: XLA fallback expected')
   assert library.library_path() is not None

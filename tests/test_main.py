@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from spec_decode import cost_cache as cache_lib
 from spec_decode import costs
 from spec_decode import main
 
@@ -25,8 +26,8 @@ def cost_cache(tmp_path_factory):
 
 @pytest.mark.slow
 def test_main_job_end_to_end(tmp_path, monkeypatch, cost_cache):
-  monkeypatch.setenv(costs.CACHE_DIR_ENV, cost_cache)
-  costs.forget_acceptance()
+  monkeypatch.setenv(cache_lib.CACHE_DIR_ENV, cost_cache)
+  cache_lib.forget_acceptance()
   config = main.MainConfig(num_examples=3, show_examples=1,
                            max_decode_len=16)
   assert config.gamma == 'auto'
@@ -47,14 +48,14 @@ def test_main_job_end_to_end(tmp_path, monkeypatch, cost_cache):
     if row['temperature'] == 0:
       assert row['greedy_identical'] is True
   # The measured costs were cached for the next run.
-  assert costs.read_cache(costs.cache_path())
+  assert cache_lib.read_cache(cache_lib.cache_path())
   saved = json.load(open(tmp_path / 'main.json'))
   assert saved['rows'][0]['task'] == 'translate_en_de'
 
 
 @pytest.mark.slow
 def test_main_job_with_a_fixed_gamma(tmp_path, monkeypatch, cost_cache):
-  monkeypatch.setenv(costs.CACHE_DIR_ENV, cost_cache)
+  monkeypatch.setenv(cache_lib.CACHE_DIR_ENV, cost_cache)
   config = main.MainConfig(num_examples=2, show_examples=0,
                            max_decode_len=12, gamma=2,
                            tasks=('translate_en_de',), temperatures=(0.0,))
@@ -65,7 +66,10 @@ def test_main_job_with_a_fixed_gamma(tmp_path, monkeypatch, cost_cache):
 
 def test_main_job_takes_any_model_spec(tmp_path, monkeypatch):
   # Costs are not what this checks: a made-up profile skips measuring them.
-  profile = costs.CostProfile(1e-3, 1e-4, (1e-3,) + (1.5e-3,) * 8)
+  profile = costs.CostProfile(1e-3, 1e-4, (1e-3,) + (1.5e-3,) * 8,
+                              (0, 1, 3, 7, 8), (1e-3, 1.6e-3, 1.8e-3,
+                                                2.2e-3, 2.3e-3),
+                              (1e-3, 1.5e-3, 1.7e-3, 2.1e-3, 2.2e-3))
   monkeypatch.setattr(main.costs_lib, 'cost_profile',
                       lambda *args, **kwargs: profile)
   config = main.MainConfig(
@@ -99,7 +103,7 @@ def test_main_cli_takes_gin_flags(tmp_path, cost_cache):
        '--gin.main.MainConfig.max_decode_len=8',
        f'--output_dir={tmp_path}'],
       capture_output=True, text=True, cwd=ROOT, check=False,
-      env={**os.environ, costs.CACHE_DIR_ENV: cost_cache})
+      env={**os.environ, cache_lib.CACHE_DIR_ENV: cost_cache})
   assert result.returncode == 0, result.stderr[-2000:]
   assert 'summarize' in result.stdout
   rows = json.load(open(tmp_path / 'main.json'))['rows']

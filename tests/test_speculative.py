@@ -352,15 +352,16 @@ SAMPLING_CASES = [
 
 @functools.lru_cache(maxsize=None)
 def _correct_samples(case, verification):
-  """Counts and tokens per target call of one exact run (shared by tests)."""
+  """Counts, alpha and per-row tokens per target call of one exact run
+  (shared by tests)."""
   sampling, gamma = SAMPLING_CASES[case]
   target, draft = _tiny_pair()
   counts, result = _sample_counts(target, draft, np.array([[3, 4, 2]],
                                                           np.int32),
                                   sampling, gamma, seed=0,
                                   verification=verification)
-  per_call = float(np.sum(np.asarray(result.lengths))
-                   / np.sum(np.asarray(result.target_calls)))
+  per_call = (np.asarray(result.lengths)
+              / np.maximum(np.asarray(result.target_calls), 1))
   return counts, float(np.mean(np.asarray(result.acceptance_rate))), per_call
 
 
@@ -407,13 +408,19 @@ def test_samples_with_draft_stop_follow_the_target_distribution(
 
 @pytest.mark.slow
 @pytest.mark.parametrize('case', range(len(SAMPLING_CASES)))
-def test_block_verification_emits_more_tokens_per_call(case):
-  # Same rows, same draft and target: block verification must emit more
-  # tokens per target call than token verification (its expectation is
-  # never lower, and this pair disagrees enough for a visible gap).
+def test_block_verification_emits_no_fewer_tokens_per_call(case):
+  # Same rows, same draft and target: block verification's expected tokens
+  # per target call is never lower than token verification's (Sun et al.;
+  # checked exactly by enumeration in test_block_verification.py). Here, on
+  # 30000 sampled rows each, it may not fall short by more than sampling
+  # noise (3 standard errors of the difference: a false alarm in ~1 of 700
+  # runs), and where the gap is large (case 0) it must show.
   _, _, token = _correct_samples(case, 'token')
   _, _, block = _correct_samples(case, 'block')
-  assert block > token
+  noise = np.sqrt(np.var(token) / token.size + np.var(block) / block.size)
+  assert np.mean(block) > np.mean(token) - 3 * noise
+  if case == 0:
+    assert np.mean(block) > np.mean(token) + 3 * noise
 
 
 def _block_correction_from_p(draft_probs, target_probs, weights,

@@ -7,7 +7,8 @@ speculative decoding (scoring gamma + 1 tokens costs about one step). On
 CPUs XLA breaks it (a 2..16-row product repacks the weight every call), so
 decoder products at decode time on one CPU device run `few_rows.cc`, called
 as an XLA FFI custom call inside the compiled loop, on weights laid out for
-it once per model (`pack_kernel`). The encoder, training, teacher-forced
+it once per model (`pack_kernel`); so does the encoder pass of a decoding
+call (at batch 1 a product of a few dozen rows). Training, teacher-forced
 scoring, accelerators and sharded models keep XLA's dots.
 
   kernels.available()      # 'avx2', 'avx512', 'portable' or 'xla'
@@ -36,7 +37,7 @@ PANEL = 32  # Output columns per panel (few_rows.cc's kPanel).
 
 # The kernel runs products of up to this many rows (batch x chunk tokens);
 # larger ones are compute-bound and go to XLA's dots, which were as fast
-# from about 96 rows on (scripts/kernel_curve.py measures the crossover).
+# from about 96 rows on (scripts/k_token_dots.py measures the crossover).
 MAX_ROWS = 96
 
 _SWITCH_VARIABLE = 'SPEC_DECODE_KERNELS'

@@ -44,8 +44,11 @@ def load() -> Optional[ctypes.CDLL]:
   path = library_path()
   if path is None:
     logging.warning(
-        'spec_decode: the CPU decoding kernels were not built (no C++ compiler '
-        'at install time?); decoding uses XLA\'s dots.')
+        'spec_decode: the CPU decoding kernels were not built in %s (no C++ '
+        'compiler at install time? or spec_decode imported from a source '
+        'tree that was installed with `pip install .` rather than `pip '
+        'install -e .`, which builds them in place); decoding uses XLA\'s '
+        'dots.', _HERE)
     return None
   try:
     library = ctypes.cdll.LoadLibrary(path)

@@ -58,6 +58,26 @@ def param_shapes(config: T5Config) -> Dict[str, Any]:
   return flax.core.unfreeze(nn.unbox(_abstract_variables(config)))
 
 
+def param_shardings(config: T5Config,
+                    partitioning: partitioning_lib.Partitioning) -> Any:
+  """The `NamedSharding` of every parameter of `config` on a mesh.
+
+  Args:
+    config: The model config.
+    partitioning: The mesh and rules.
+
+  Returns:
+    A tree like the params with `NamedSharding` leaves.
+
+  Raises:
+    ValueError: A parameter dimension (or the heads of the caches) does not
+      divide its mesh axis; the message names it.
+  """
+  return partitioning_lib.param_shardings(
+      param_shapes(config), logical_axes(config), config.num_heads,
+      partitioning)
+
+
 def logical_axes(config: T5Config) -> Dict[str, Any]:
   """Returns T5X's logical axis names of every parameter.
 
@@ -278,7 +298,8 @@ class Model:
         that its mesh axis does not divide.
     """
     plan = partitioning_lib.Partitioning.create(mesh, rules)
-    params = partitioning_lib.shard_params(self._params, self._config, plan)
+    params = partitioning_lib.shard_params(
+        self._params, param_shardings(self._config, plan))
     sharded = Model(self._config, params, self._eos_id)
     sharded._partitioning = plan  # pylint: disable=protected-access
     return sharded
