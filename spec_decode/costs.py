@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -292,6 +293,11 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
     if profile is not None and profile.max_gamma == max_gamma:
       _LOADED[(path, key)] = profile
       return profile
+  # A notebook cell would otherwise look stuck for a minute or two.
+  logging.warning('spec_decode: measuring decoder costs on this machine for '
+                  "gamma='auto' (batch %d, max_gamma %d; once, about a "
+                  'minute or two, then kept in %s).', batch_size, max_gamma,
+                  path)
   profile = measure_profile(target, draft, batch_size, max_gamma)
   try:
     cost_cache.write_entry(path, key, {**profile.to_json(),

@@ -60,19 +60,10 @@ def param_shapes(config: T5Config) -> Dict[str, Any]:
 
 def param_shardings(config: T5Config,
                     partitioning: partitioning_lib.Partitioning) -> Any:
-  """The `NamedSharding` of every parameter of `config` on a mesh.
-
-  Args:
-    config: The model config.
-    partitioning: The mesh and rules.
-
-  Returns:
-    A tree like the params with `NamedSharding` leaves.
-
-  Raises:
-    ValueError: A parameter dimension (or the heads of the caches) does not
-      divide its mesh axis; the message names it.
-  """
+  """The `NamedSharding` of every parameter of `config` on a mesh: this
+  model's shapes and logical axes through `partitioning.param_shardings`
+  (which raises a ValueError naming any dimension its mesh axis does not
+  divide)."""
   return partitioning_lib.param_shardings(
       param_shapes(config), logical_axes(config), config.num_heads,
       partitioning)
