@@ -131,8 +131,8 @@ def choose_counts(alpha: Array, remaining: Array, active: Array,
 
   Returns:
     int32 [batch] counts in [0, max_gamma] (0 for inactive rows), and
-    float32 [batch] the expected tokens and the cost (target steps) of the
-    chosen count (in baseline iterations).
+    float32 [batch] the expected tokens and the cost (in baseline
+    iterations) of the chosen count.
   """
   max_gamma = costs.iteration_cost.shape[0] - 1
   tokens = expected_tokens(alpha, max_gamma)  # [batch, max_gamma + 1]
