@@ -28,7 +28,7 @@ block is the bonus from p, as with `draft_stop`). The costs, the prior and
 the margin are traced arrays, so one compiled program serves every choice.
 """
 
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import flax
 import jax
@@ -56,8 +56,8 @@ class ProposalCosts:
 
   Attributes:
     iteration_cost: float32 [max_gamma + 1]: an iteration proposing g
-      tokens, in baseline iterations (`costs.CostProfile.iteration_cost`),
-      priced at the call width it runs at (`price_at_widths`).
+      tokens, in baseline iterations, as timed at the call width it runs
+      at (`costs.CostProfile.iteration_cost`).
     alpha_prior: float32 []: the estimate every row starts from.
     min_gain: float32 []: the margin over a plain step.
   """
@@ -104,19 +104,6 @@ def expected_tokens(alpha: Array, max_gamma: int) -> Array:
   # sum_{i=0}^{g} alpha^i, written as a sum: exact at alpha = 1.
   powers = alpha ** jnp.arange(max_gamma + 1, dtype=jnp.float32)[None, :]
   return jnp.cumsum(powers, axis=-1)
-
-
-def price_at_widths(cost_by_count: Sequence[float],
-                    widths: Tuple[int, ...]) -> List[float]:
-  """Each count's cost at the width it runs at: g proposals run in a call of
-  the smallest width >= g + 1, and cost what that width's count costs
-  (a count of 2 in a 4-token call pays for 3 draft steps' worth)."""
-  result = []
-  for count in range(len(cost_by_count)):
-    width = min(w for w in widths if w >= count + 1)
-    result.append(float(cost_by_count[min(width - 1,
-                                          len(cost_by_count) - 1)]))
-  return result
 
 
 def choose_counts(alpha: Array, remaining: Array, active: Array,

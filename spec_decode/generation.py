@@ -217,10 +217,8 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
   prior = costs.acceptance_prior(model, draft, sampling)
   proposal_costs = adaptive.ProposalCosts.create(
-      iteration_cost=adaptive.price_at_widths(
-          [profile.iteration_cost(g, sampling.greedy)
-           for g in range(max_gamma + 1)],
-          adaptive.chunk_widths(max_gamma)),
+      iteration_cost=[profile.iteration_cost(g, sampling.greedy)
+                      for g in range(max_gamma + 1)],
       alpha_prior=costs.DEFAULT_ALPHA_PRIOR if prior is None else prior)
   result = speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,

@@ -30,11 +30,8 @@ from test_speculative import SAMPLES
 def _costs(verify, c=0.05, prior=0.6, gain=adaptive.MIN_GAIN):
   """ProposalCosts from a K-curve and c, as `generate` builds them."""
   profile = cost_profile_from_curve(verify, c)
-  widths = adaptive.chunk_widths(len(verify) - 1)
   return adaptive.ProposalCosts.create(
-      adaptive.price_at_widths(
-          [profile.iteration_cost(g) for g in range(len(verify))], widths),
-      prior, gain)
+      [profile.iteration_cost(g) for g in range(len(verify))], prior, gain)
 
 
 def test_chunk_widths_cover_every_count():

@@ -1,6 +1,10 @@
 """The few-row CPU kernel: values, batch invariance, paths, fallback, errors."""
 
-import shutil
+import os
+import shlex
+import subprocess
+import sysconfig
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -24,12 +28,33 @@ built = pytest.mark.skipif(
 ISAS = [isa for isa in sorted(library.ISA_NAMES) if library.supports(isa)]
 
 
+def _build_compiler_works() -> bool:
+  """Whether the C++ compiler `pip install` would use builds a C++17 file.
+
+  setuptools takes $CXX when set, else the compiler Python was built with;
+  a machine without one (or CXX=false) installs the XLA fallback.
+  """
+  command = os.environ.get('CXX') or sysconfig.get_config_var('CXX') or 'c++'
+  with tempfile.TemporaryDirectory() as folder:
+    source = os.path.join(folder, 'probe.cc')
+    with open(source, 'w') as f:
+      f.write('#include <vector>\nint main() { return std::vector<int>{}.size(); }\n')
+    try:
+      done = subprocess.run(
+          shlex.split(command) + ['-std=c++17', '-c', source, '-o',
+                                  os.path.join(folder, 'probe.o')],
+          capture_output=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+      return False
+  return done.returncode == 0
+
+
 def test_library_built_where_a_compiler_exists():
   # CI installs with `pip install -e .`, which must build the kernel in
   # place whenever a C++ compiler is on the machine; a silent fallback would
   # hide a broken build.
-  if shutil.which('c++') is None and shutil.which('g++') is None:
-    pytest.skip('no C++ compiler on this machine: XLA fallback expected')
+  if not _build_compiler_works():
+    pytest.skip('no working C++ compiler for the build: XLA fallback expected')
   assert library.library_path() is not None
   assert library.load() is not None
   assert kernels.available() in ('avx2', 'avx512', 'portable')

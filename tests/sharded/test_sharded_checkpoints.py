@@ -60,7 +60,9 @@ def test_zarr_fixture_loads_into_a_2x4_mesh_shard_by_shard(monkeypatch):
 
 
 @requires_fixtures
-@pytest.mark.parametrize('shape', [(8, 1), (4, 2), (2, 4)])
+@pytest.mark.parametrize('shape', [  # One mesh fast, the others slow.
+    pytest.param((8, 1), marks=pytest.mark.slow),
+    pytest.param((4, 2), marks=pytest.mark.slow), (2, 4)])
 def test_fixture_decodes_on_the_mesh_as_on_one_device(shape):
   config = tiny_config()
   data = golden('t5x_tiny')
