@@ -15,7 +15,6 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from spec_decode import compile as compile_lib
 from spec_decode import decoding
@@ -176,13 +175,14 @@ def loop_iteration_seconds(target: Model, draft: Model,
   """Seconds one iteration of the decoders' own loops takes, per count.
 
   For each count g (0: baseline decoding; else speculative decoding at
-  gamma g) one program runs twice on the probe: once to `length` tokens,
-  once stopping at an early token of that same output (the EOS id is a
-  traced argument, so both runs share one compiled program, and a fixed
-  key samples the same tokens). All runs take turns after warm-up; the
-  difference in time over the difference in iterations is one iteration,
-  everything in it: decoder calls, sampling (or argmax, greedy),
-  verification, bookkeeping.
+  gamma g) the probe is decoded to `length` tokens and to a quarter of
+  that, with no EOS, so every row runs to the end and the number of
+  iterations is the loop's own. (An early EOS would share one program
+  between the two, but at a temperature the rows of a batch sample
+  different tokens, so one row's EOS does not stop the others.) All runs
+  take turns after warm-up; the difference in time over the difference in
+  iterations is one iteration, everything in it: decoder calls, sampling
+  (or argmax, greedy), verification, bookkeeping.
 
   Args:
     target: The target.
@@ -190,49 +190,43 @@ def loop_iteration_seconds(target: Model, draft: Model,
     encoder_input_tokens: int [batch, enc_len] probe inputs.
     counts: Draft tokens per iteration to measure (0 for baseline).
     repeats: Timed runs per count and length.
-    length: Output length of the longer run.
+    length: Output length of the longer run (>= 8).
     temperature: 0 times greedy decoding's iterations.
 
   Returns:
     count -> seconds per iteration.
   """
+  if length < 8:
+    raise ValueError(f'length must be >= 8, got {length}.')
   enc = jnp.asarray(encoder_input_tokens, jnp.int32)
   sampling = SamplingConfig(temperature)
   rng = jax.random.PRNGKey(0)
+  lengths = {'full': length, 'short': length // 4}
   results = {}
 
-  def decode(count, eos_id):
+  def decode(count, max_decode_len):
     if count == 0:
       return decoding.baseline_generate(
-          target.config, target.params, enc, rng, length, sampling, eos_id,
-          None, target.decode_kernels)
+          target.config, target.params, enc, rng, max_decode_len, sampling,
+          -1, None, target.decode_kernels)  # -1: never emitted.
     return speculative.speculative_generate(
-        target, draft, enc, rng=rng, max_decode_len=length, sampling=sampling,
-        eos_id=eos_id, gamma=count, lenience=1.0)
-
-  def early_eos(tokens: np.ndarray) -> int:
-    """A token of row 0 first emitted around a quarter of the way."""
-    row = [int(t) for t in tokens[0]]
-    for position in range(length // 4, length - 2):
-      if row.index(row[position]) == position:
-        return row[position]
-    return row[length // 4]
+        target, draft, enc, rng=rng, max_decode_len=max_decode_len,
+        sampling=sampling, eos_id=-1, gamma=count, lenience=1.0)
 
   calls = {}
   for count in counts:
-    full = np.asarray(decode(count, -1).tokens)  # -1: never emitted.
-    for name, eos_id in (('full', -1), ('early', early_eos(full))):
-      def call(count=count, name=name, eos_id=eos_id):
-        results[(count, name)] = decode(count, eos_id)
+    for name, max_decode_len in lengths.items():
+      def call(count=count, name=name, max_decode_len=max_decode_len):
+        results[(count, name)] = decode(count, max_decode_len)
         return results[(count, name)].tokens
       calls[(count, name)] = call
   timings = interleaved_timings(calls, repeats, warmup=1)
   seconds = {}
   for count in counts:
     iterations = [int(results[(count, name)].num_iterations)
-                  for name in ('early', 'full')]
+                  for name in ('short', 'full')]
     spent = (median(timings[(count, 'full')])
-             - median(timings[(count, 'early')]))
+             - median(timings[(count, 'short')]))
     seconds[count] = max(spent, 1e-9) / max(iterations[1] - iterations[0], 1)
   return seconds
 

@@ -120,8 +120,16 @@ class CostProfile:
             profile.greedy_iteration_seconds)
         or not profile.iteration_counts or profile.iteration_counts[0] != 0
         or list(profile.iteration_counts) != sorted(
-            set(profile.iteration_counts))):
+            set(profile.iteration_counts))
+        or profile.iteration_counts[-1] > profile.max_gamma):
       return None
+    # An iteration timed below half its own target call is a failed
+    # measurement (older versions kept such noise); measure again.
+    for timed in (profile.iteration_seconds,
+                  profile.greedy_iteration_seconds):
+      if any(seconds < 0.5 * profile.verify_seconds[count]
+             for count, seconds in zip(profile.iteration_counts, timed)):
+        return None
     return profile
 
 
@@ -255,15 +263,19 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
                                                 repeats=repeats)
   greedy_iterations = benchmark.loop_iteration_seconds(
       target, draft, probe, counts, repeats=repeats, temperature=0.0)
+  verify_seconds = tuple(seconds[('target', k)]
+                         for k in range(1, max_gamma + 2))
+  # An iteration makes its target call and more: a difference of medians
+  # below the call alone is the machine's noise, not a cheap iteration.
+  floor = lambda timed: tuple(max(timed[count], verify_seconds[count])
+                              for count in counts)
   return CostProfile(
       target_step_seconds=seconds[('target', 1)],
       draft_step_seconds=seconds[('draft', 1)],
-      verify_seconds=tuple(seconds[('target', k)]
-                           for k in range(1, max_gamma + 2)),
+      verify_seconds=verify_seconds,
       iteration_counts=counts,
-      iteration_seconds=tuple(iterations[count] for count in counts),
-      greedy_iteration_seconds=tuple(greedy_iterations[count]
-                                     for count in counts))
+      iteration_seconds=floor(iterations),
+      greedy_iteration_seconds=floor(greedy_iterations))
 
 
 def cost_profile(target: Model, draft: Model, batch_size: int,

@@ -36,6 +36,12 @@ def test_malformed_profiles_are_rejected():
   assert costs.CostProfile.from_json(stale) is None
   assert costs.CostProfile.from_json(
       {**good, 'greedy_iteration_seconds': [1.0]}) is None
+  # An iteration timed below half its own target call is a failed
+  # measurement, not a cheap iteration.
+  assert costs.CostProfile.from_json(
+      {**good, 'iteration_seconds': [1.0, 1e-9]}) is None
+  assert costs.CostProfile.from_json(
+      {**good, 'greedy_iteration_seconds': [1e-9, 1.3]}) is None
   assert costs.CostProfile.from_json(good) == _profile([1.0, 1.2])
 
 
@@ -79,7 +85,12 @@ def test_profile_is_measured_once_and_cached(tmp_path, pair, monkeypatch):
   assert first == again and len(measured) == 1
   assert first.max_gamma == 3 and first.c > 0
   assert first.iteration_counts == (0, 1, 3)
-  assert all(seconds > 0 for seconds in first.iteration_seconds)
+  # Every iteration costs at least its own target call; the profile
+  # reads back as it was written.
+  for timed in (first.iteration_seconds, first.greedy_iteration_seconds):
+    assert all(seconds >= first.verify_seconds[count]
+               for count, seconds in zip(first.iteration_counts, timed))
+  assert costs.CostProfile.from_json(first.to_json()) == first
   # Another batch size is another entry.
   costs.cost_profile(target, draft, 3, max_gamma=3, path=path)
   assert len(measured) == 2

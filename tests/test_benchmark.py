@@ -1,0 +1,43 @@
+"""Timing helpers the cost profile is built from (what they compute, not
+how fast anything is: the clock is replaced by a model of it)."""
+
+import numpy as np
+import pytest
+
+from spec_decode import benchmark
+
+from conftest import random_inputs
+from conftest import random_model
+
+STEP = 0.001     # Seconds per emitted position in the modelled clock.
+SET_UP = 0.005   # Seconds every run pays once.
+
+
+def _modelled_clock(fns, repeats, warmup=1):
+  """Each run 'takes' SET_UP plus STEP per position it decoded."""
+  del warmup
+  return {name: [SET_UP + STEP * np.asarray(fn()).shape[1]] * repeats
+          for name, fn in fns.items()}
+
+
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_loop_iterations_are_differenced_over_every_row(temperature,
+                                                        monkeypatch):
+  # At a temperature the rows of a batch sample different tokens: a short
+  # run that stopped on one row's token would run as long as the full one,
+  # and the difference would be noise (or nothing) instead of iterations.
+  monkeypatch.setattr(benchmark, 'interleaved_timings', _modelled_clock)
+  target = random_model(0, vocab_size=256)
+  draft = random_model(1, vocab_size=256, num_decoder_layers=1)
+  seconds = benchmark.loop_iteration_seconds(
+      target, draft, random_inputs(4, 8, 256, seed=0), counts=(0, 3),
+      repeats=1, length=16, temperature=temperature)
+  # Baseline: one position per iteration, so exactly one step.
+  assert seconds[0] == pytest.approx(STEP)
+  # Speculative: 12 positions over fewer iterations (each emits 1..4).
+  assert STEP <= seconds[3] <= 4 * STEP + 1e-12
+
+
+def test_loop_iteration_length_is_checked():
+  with pytest.raises(ValueError, match='length'):
+    benchmark.loop_iteration_seconds(None, None, None, counts=(0,), length=4)
