@@ -58,6 +58,8 @@ class _SpeculativeState:
   done: Array           # [batch] bool
   target_cache: Any
   draft_cache: Any
+  draft_encoded: Any    # the draft's EncodedInputs ('auto': once a row proposes)
+  draft_encoded_ready: Array  # [] bool
   draft_len: Array      # [batch] int32 right positions of the draft cache
   target_calls: Array   # [batch] int32
   proposed: Array       # [batch] int32
@@ -93,8 +95,10 @@ def _speculative_generate(target_config, draft_config, target_params,
 def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
   """Keeps each row's state beside its cache rows on a mesh."""
   caches = dict(target_cache=state.target_cache,
-                draft_cache=state.draft_cache)
-  bare = state.replace(target_cache=None, draft_cache=None)
+                draft_cache=state.draft_cache,
+                draft_encoded=state.draft_encoded)
+  bare = state.replace(target_cache=None, draft_cache=None,
+                       draft_encoded=None)
   return partitioning_lib.constrain_rows(bare).replace(**caches)
 
 
@@ -127,16 +131,27 @@ def _speculative_loop(target_config, draft_config, target_params,
   buffer_len = max_decode_len + reach + 1
   target_encoded = prepare_decoding(target_config, target_params,
                                     encoder_input_tokens, target_prepared)
-  with as_draft():
-    draft_encoded = prepare_decoding(draft_config, draft_params,
-                                     encoder_input_tokens, draft_prepared)
+
+  def encode_for_draft():
+    with as_draft():
+      return prepare_decoding(draft_config, draft_params,
+                              encoder_input_tokens, draft_prepared)
+
+  if auto:
+    # The draft's encoder runs at the first iteration where a row proposes:
+    # a call whose rows all decode plainly never pays for it.
+    draft_encoded = jax.tree_util.tree_map(
+        lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),
+        jax.eval_shape(encode_for_draft))
+  else:
+    draft_encoded = encode_for_draft()
   keys = sampling_lib.row_keys(rng, batch)
   positions = jnp.arange(gamma + 1, dtype=jnp.int32)
 
   def cond(state):
     return (state.iteration < max_decode_len) & ~jnp.all(state.done)
 
-  def draft_block(state, counts, draft_keys, draft_ran):
+  def draft_block(state, draft_encoded, counts, draft_keys, draft_ran):
     """The draft's proposals (tokens, probs, cache, proposed, fed)."""
     n = state.lengths
     with as_draft():
@@ -169,11 +184,15 @@ def _speculative_loop(target_config, draft_config, target_params,
       # Where no row proposes, the draft feeds nothing and its loops do not
       # start (a row with count 0 makes no proposal).
       draft_ran = jnp.any(counts > 0)
+      draft_encoded = jax.lax.cond(
+          draft_ran & ~state.draft_encoded_ready, encode_for_draft,
+          lambda: state.draft_encoded)
     else:
       counts = jnp.full((batch,), gamma, jnp.int32)
       draft_ran = jnp.ones((), jnp.bool_)
+      draft_encoded = state.draft_encoded
     draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
-        state, counts, draft_keys, draft_ran)
+        state, draft_encoded, counts, draft_keys, draft_ran)
 
     if sampling.greedy:
       uniforms = jnp.zeros((batch, gamma), jnp.float32)
@@ -268,6 +287,8 @@ def _speculative_loop(target_config, draft_config, target_params,
         done=state.done | hit_eos | (n + count >= max_decode_len),
         target_cache=target_cache,
         draft_cache=draft_cache,
+        draft_encoded=draft_encoded,
+        draft_encoded_ready=state.draft_encoded_ready | draft_ran,
         # Right: position n (fed while catching up) and the accepted
         # proposals the draft fed itself.
         draft_len=jnp.where(draft_ran, n + 1 + jnp.minimum(num_accepted, fed),
@@ -291,6 +312,8 @@ def _speculative_loop(target_config, draft_config, target_params,
       done=jnp.zeros((batch,), jnp.bool_),
       target_cache=init_cache(target_config, batch, cache_len),
       draft_cache=draft_cache,
+      draft_encoded=draft_encoded,
+      draft_encoded_ready=jnp.asarray(not auto),
       draft_len=zeros,
       target_calls=zeros, proposed=zeros, accepted=zeros,
       beta_sum=float_zeros, beta_count=zeros,
