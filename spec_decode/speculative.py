@@ -59,7 +59,6 @@ class _SpeculativeState:
   target_cache: Any
   draft_cache: Any
   draft_encoded: Any    # the draft's EncodedInputs ('auto': once a row proposes)
-  draft_encoded_ready: Array  # [] bool
   draft_len: Array      # [batch] int32 right positions of the draft cache
   target_calls: Array   # [batch] int32
   proposed: Array       # [batch] int32
@@ -184,8 +183,9 @@ def _speculative_loop(target_config, draft_config, target_params,
       # Where no row proposes, the draft feeds nothing and its loops do not
       # start (a row with count 0 makes no proposal).
       draft_ran = jnp.any(counts > 0)
+      # draft_len stays 0 until the draft first runs (then >= 1 in every row).
       draft_encoded = jax.lax.cond(
-          draft_ran & ~state.draft_encoded_ready, encode_for_draft,
+          draft_ran & jnp.all(state.draft_len == 0), encode_for_draft,
           lambda: state.draft_encoded)
     else:
       counts = jnp.full((batch,), gamma, jnp.int32)
@@ -288,7 +288,6 @@ def _speculative_loop(target_config, draft_config, target_params,
         target_cache=target_cache,
         draft_cache=draft_cache,
         draft_encoded=draft_encoded,
-        draft_encoded_ready=state.draft_encoded_ready | draft_ran,
         # Right: position n (fed while catching up) and the accepted
         # proposals the draft fed itself.
         draft_len=jnp.where(draft_ran, n + 1 + jnp.minimum(num_accepted, fed),
@@ -313,7 +312,6 @@ def _speculative_loop(target_config, draft_config, target_params,
       target_cache=init_cache(target_config, batch, cache_len),
       draft_cache=draft_cache,
       draft_encoded=draft_encoded,
-      draft_encoded_ready=jnp.asarray(not auto),
       draft_len=zeros,
       target_calls=zeros, proposed=zeros, accepted=zeros,
       beta_sum=float_zeros, beta_count=zeros,
