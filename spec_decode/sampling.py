@@ -55,6 +55,27 @@ class SamplingConfig:
     return self.temperature == 0.0
 
 
+def argmax(x: Array) -> Array:
+  """`jnp.argmax(x, axis=-1)` (the first maximum; the first NaN if any).
+
+  XLA:CPU lowers argmax to a reduce over (value, index) pairs that does not
+  vectorise: ~40 us per row at a vocabulary of 8000 on a 2-core EPYC, paid
+  for every processed and drawn token of both decoders. The maximum, then
+  the smallest index holding it, are two plain reductions, ~3x cheaper.
+
+  Args:
+    x: [..., n] values (float or bool).
+
+  Returns:
+    int32 [...] indices.
+  """
+  best = jnp.max(x, axis=-1, keepdims=True)
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  # x != x is NaN, which jnp.argmax reports first.
+  hit = (x == best) | (x != x)
+  return jnp.min(jnp.where(hit, index, x.shape[-1]), axis=-1)
+
+
 def process_logits(logits: Array, sampling: SamplingConfig) -> Array:
   """Log-probabilities of the distribution tokens are drawn from.
 
@@ -68,7 +89,7 @@ def process_logits(logits: Array, sampling: SamplingConfig) -> Array:
   """
   logits = logits.astype(jnp.float32)
   if sampling.greedy:
-    best = jnp.argmax(logits, axis=-1)
+    best = argmax(logits)
     one_hot = jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.bool_)
     return jnp.where(one_hot, 0.0, -jnp.inf)
   scaled = logits / sampling.temperature
@@ -112,7 +133,7 @@ def sample_tokens(keys: Array, logprobs: Array, greedy: bool) -> Array:
     int32 [batch] tokens.
   """
   if greedy:
-    return jnp.argmax(logprobs, axis=-1).astype(jnp.int32)
+    return argmax(logprobs)
   # Inverse-CDF sampling: one uniform per row against the running sum of the
   # probabilities. As exact as the Gumbel-max trick of
   # `jax.random.categorical` (both up to float32 rounding), and on CPU about
@@ -128,7 +149,7 @@ def sample_tokens(keys: Array, logprobs: Array, greedy: bool) -> Array:
   # Rounding could put the threshold at the total: never step past the
   # last token that can be drawn.
   vocab = logprobs.shape[-1]
-  last_possible = vocab - 1 - jnp.argmax(probs[:, ::-1] > 0, axis=-1)
+  last_possible = vocab - 1 - argmax(probs[:, ::-1] > 0)
   return jnp.minimum(token, last_possible).astype(jnp.int32)
 
 
