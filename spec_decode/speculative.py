@@ -36,15 +36,13 @@ from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import drafting
 from spec_decode import partitioning as partitioning_lib
 from spec_decode import sampling as sampling_lib
+from spec_decode import target_verification
 from spec_decode.decoding import DecodeResult
 from spec_decode.model import init_cache
 from spec_decode.model import Model
 from spec_decode.model.model import decode_chunk
 from spec_decode.model.model import prepare_decoding
 from spec_decode.sampling import SamplingConfig
-from spec_decode.verification import correction_distribution
-from spec_decode.verification import overlap_mass
-from spec_decode.verification import verify_draft
 
 Array = jax.Array
 
@@ -169,31 +167,42 @@ def _speculative_loop(target_config, draft_config, target_params,
       return drafting.propose(decode, cache, logits, step_keys, gamma,
                               counts, sampling, draft_stop)
 
-  def body(state):
-    n = state.lengths
-    active = ~state.done
-    iteration_keys = sampling_lib.fold_in_rows(keys, state.iteration)
-    split = jax.vmap(lambda k: jax.random.split(k, 3))(iteration_keys)
-    draft_keys, accept_keys, correction_keys = (split[:, 0], split[:, 1],
-                                                split[:, 2])
+  def iteration_keys(state):
+    """Per-row keys of this iteration: draft, acceptance, correction."""
+    split = jax.vmap(lambda k: jax.random.split(k, 3))(
+        sampling_lib.fold_in_rows(keys, state.iteration))
+    return split[:, 0], split[:, 1], split[:, 2]
 
+  def verify(width, state, draft_tokens, draft_probs, uniforms, proposed,
+             correction_keys, target_cache):
+    return target_verification.score_and_verify(
+        width, gamma, target_config, target_params, target_prepared,
+        target_encoded, target_cache,
+        jnp.take_along_axis(state.inputs, state.lengths[:, None], axis=1),
+        state.lengths, draft_tokens, draft_probs, uniforms, proposed,
+        ~state.done, correction_keys, sampling, verification, lenience)
+
+  def body(state):
+    """One iteration: proposals, one target call as wide as they need."""
+    draft_keys, accept_keys, correction_keys = iteration_keys(state)
     if auto:
       counts, expected, cost = adaptive.choose_counts(
-          state.alpha, max_decode_len - n, active, proposal_costs)
+          state.alpha, max_decode_len - state.lengths, ~state.done,
+          proposal_costs)
       # Where no row proposes, the draft feeds nothing and its loops do not
       # start (a row with count 0 makes no proposal).
       draft_ran = jnp.any(counts > 0)
-      # draft_len stays 0 until the draft first runs (then >= 1 in every row).
+      # draft_len stays 0 until the draft first runs (then >= 1 in every
+      # row): its encoder runs at the first iteration where a row proposes.
       draft_encoded = jax.lax.cond(
           draft_ran & jnp.all(state.draft_len == 0), encode_for_draft,
           lambda: state.draft_encoded)
     else:
-      counts = jnp.full((batch,), gamma, jnp.int32)
+      counts, expected, cost = jnp.full((batch,), gamma, jnp.int32), None, None
       draft_ran = jnp.ones((), jnp.bool_)
       draft_encoded = state.draft_encoded
     draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
         state, draft_encoded, counts, draft_keys, draft_ran)
-
     if sampling.greedy:
       uniforms = jnp.zeros((batch, gamma), jnp.float32)
     else:
@@ -202,74 +211,44 @@ def _speculative_loop(target_config, draft_config, target_params,
     # Positions past a row's proposals are never accepted: the token after
     # them is the bonus from p (their q is 0).
     uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
-    last_token = jnp.take_along_axis(state.inputs, n[:, None], axis=1)
-
-    def score_and_verify(width):
-      """One target call on `width` tokens per row and everything after
-      it at that width, so an iteration costs what its call needs."""
-      count = width - 1  # Proposals the call can score.
-
-      def run(cache):
-        logits, cache = decode_chunk(
-            target_config, target_params,
-            jnp.concatenate([last_token, draft_tokens[:, :count]], axis=1),
-            n, cache, target_encoded, target_prepared)
-        target_probs = jnp.exp(sampling_lib.process_logits(logits, sampling))
-        tokens, probs = draft_tokens[:, :count], draft_probs[:, :count]
-        if count == 0:
-          accepted = jnp.zeros((batch,), jnp.int32)
-          correction_probs = target_probs[:, 0]
-        elif verification == 'block':
-          accepted, correction_probs = block_verification.verify_block(
-              tokens, probs, target_probs, uniforms[:, :count])
-        else:
-          accepted = verify_draft(tokens, probs, target_probs,
-                                  uniforms[:, :count], lenience)
-          correction_probs = correction_distribution(probs, target_probs,
-                                                     accepted, lenience)
-        correction = sampling_lib.sample_tokens(
-            correction_keys, jnp.log(correction_probs), sampling.greedy)
-        # [batch, width]: accepted drafts, then the correction/bonus token.
-        here = positions[:width]
-        new_tokens = jnp.where(here < accepted[:, None],
-                               jnp.pad(tokens, ((0, 0), (0, 1))),
-                               correction[:, None])
-        new_logprobs = sampling_lib.token_logprobs(logits, new_tokens)
-        # beta at the positions the rule examined: accepted ones plus the
-        # first rejected one; later ones were conditioned on a rejection.
-        examined = ((here[:count] <= accepted[:, None])
-                    & (here[:count] < proposed[:, None]) & active[:, None])
-        beta = jnp.sum(jnp.where(
-            examined, overlap_mass(target_probs[:, :count], probs), 0.0),
-                       axis=1)
-        pad = ((0, 0), (0, gamma + 1 - width))
-        return (cache, accepted, jnp.pad(new_tokens, pad),
-                jnp.pad(new_logprobs, pad), beta,
-                jnp.sum(examined, axis=1))
-      return run
-
-    # One target call scores the last token and every row's proposals.
-    branches = [score_and_verify(width) for width in widths]
+    # One target call scores the last token and every row's proposals, as
+    # wide as the longest needs: each width is a branch with everything
+    # after the call at that width.
+    # (The cache is the branches' only operand: XLA:CPU then updates it in
+    # place in every branch; operands beside it cost copies of it.)
+    branches = [functools.partial(verify, width, state, draft_tokens,
+                                  draft_probs, uniforms, proposed,
+                                  correction_keys) for width in widths]
     if len(branches) == 1:
       verified = branches[0](state.target_cache)
     else:
       verified = jax.lax.switch(
-          adaptive.width_index(jnp.max(jnp.where(active, proposed, 0)) + 1,
-                               widths), branches, state.target_cache)
-    (target_cache, num_accepted, new_tokens, new_logprobs, beta,
-     examined_count) = verified
+          adaptive.width_index(
+              jnp.max(jnp.where(~state.done, proposed, 0)) + 1, widths),
+          branches, state.target_cache)
+    return advance(state, verified, proposed, fed, draft_ran, draft_cache,
+                   draft_encoded, expected, cost)
 
+  def advance(state, verified, proposed, fed, draft_ran, draft_cache,
+              draft_encoded, expected, cost):
+    """The state after an iteration: tokens emitted up to EOS or the limit,
+    statistics, caches."""
+    n = state.lengths
+    active = ~state.done
     count = jnp.where(active,
-                      jnp.minimum(num_accepted + 1, max_decode_len - n), 0)
-    is_eos = (new_tokens == eos_id) & (positions < count[:, None])
+                      jnp.minimum(verified.accepted + 1, max_decode_len - n),
+                      0)
+    is_eos = (verified.new_tokens == eos_id) & (positions < count[:, None])
     hit_eos = jnp.any(is_eos, axis=1)
     count = jnp.where(hit_eos, jnp.argmax(is_eos, axis=1) + 1, count)
     emitted = positions < count[:, None]
-    new_tokens = jnp.where(emitted, new_tokens, 0)
-    new_logprobs = jnp.where(emitted, new_logprobs, 0.0)
+    new_tokens = jnp.where(emitted, verified.new_tokens, 0)
+    new_logprobs = jnp.where(emitted, verified.new_logprobs, 0.0)
     active_int = active.astype(jnp.int32)
+    num_accepted = verified.accepted
     state = state.replace(
-        alpha=(adaptive.update_alpha(state.alpha, beta, examined_count,
+        alpha=(adaptive.update_alpha(state.alpha, verified.beta_sum,
+                                     verified.examined,
                                      proposal_costs.alpha_prior)
                if auto else state.alpha),
         proposal_counts=state.proposal_counts + active_int[:, None] * (
@@ -285,7 +264,7 @@ def _speculative_loop(target_config, draft_config, target_params,
         logprobs=_write_rows(state.logprobs, new_logprobs, n),
         lengths=n + count,
         done=state.done | hit_eos | (n + count >= max_decode_len),
-        target_cache=target_cache,
+        target_cache=verified.target_cache,
         draft_cache=draft_cache,
         draft_encoded=draft_encoded,
         # Right: position n (fed while catching up) and the accepted
@@ -295,8 +274,8 @@ def _speculative_loop(target_config, draft_config, target_params,
         target_calls=state.target_calls + active_int,
         proposed=state.proposed + proposed * active_int,
         accepted=state.accepted + num_accepted * active_int,
-        beta_sum=state.beta_sum + beta,
-        beta_count=state.beta_count + examined_count))
+        beta_sum=state.beta_sum + verified.beta_sum,
+        beta_count=state.beta_count + verified.examined))
 
   zeros = jnp.zeros((batch,), jnp.int32)
   float_zeros = jnp.zeros((batch,), jnp.float32)
