@@ -54,6 +54,8 @@ class BuildOptionalKernels(build_ext.build_ext):
 FEW_ROW_KERNEL = setuptools.Extension(
     'spec_decode.kernels._few_rows',
     sources=['spec_decode/kernels/few_rows.cc',
+             'spec_decode/kernels/bf16_products.cc',
+             'spec_decode/kernels/peak_rate.cc',
              'spec_decode/kernels/decode_attention.cc'],
     depends=['spec_decode/kernels/cpu_features.h',
              'spec_decode/kernels/parallel.h'],

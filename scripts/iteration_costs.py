@@ -7,8 +7,10 @@ path decoder products take (`kernels.available()`: the few-row kernel's
 code path, or 'xla'), then the K-curve: what a target call scoring
 K = 1 .. --max_k tokens costs in single-token steps, and c (measured
 afresh, not read from the cache). Where the kernel runs, the K-curve is
-measured for it and for XLA's dots in one interleaved run, so the two
-single-token steps compare directly. Then how far a row's logits in a
+measured for it with float32 and with bfloat16 product inputs
+(`kernels.set_product_inputs`) and for XLA's dots in one interleaved run,
+so the single-token steps compare directly. --product_inputs says which
+of the two the rest of the script (and a main job) would use. Then how far a row's logits in a
 K-token call are from the same positions scored one token per call (max
 |difference| per K, per path). Then, at batch 1 on one held-out En->De
 input:
@@ -59,6 +61,10 @@ flags.DEFINE_integer('example', 3, 'Index of the En->De test example.')
 flags.DEFINE_integer('max_decode_len', 48, 'Output limit.')
 flags.DEFINE_integer('repeats', 9, 'Timed calls per decoder.')
 flags.DEFINE_integer('max_k', 8, 'Largest chunk of the K-curve.')
+flags.DEFINE_enum('product_inputs', kernels.product_inputs(),
+                  list(kernels.PRODUCT_INPUTS),
+                  "What the kernel's products take the activations as, for "
+                  'everything after the K-curves.')
 flags.DEFINE_bool('layer_profile', False, 'Also split each K-token call '
                   'into one decoder layer and the rest (about 1 min more).')
 
@@ -102,12 +108,18 @@ def layer_profile(target) -> None:
 
 
 def k_curves(target, draft, paths) -> None:
-  """Prints the K-curve and c on each path, measured interleaved."""
+  """Prints the K-curve and c on each path, measured interleaved.
+
+  Args:
+    target: The target.
+    draft: The draft.
+    paths: Name -> the path as `benchmark.kernel_setting` takes it; the
+      last is the one the others are compared with.
+  """
   probe = np.ones((1, 32), np.int32)
   ks = range(1, FLAGS.max_k + 1)
   variants = {}
-  for path in paths:
-    use_kernel = path != 'xla'
+  for path, use_kernel in paths.items():
     variants.update({(path, 'target', k): (target, k, use_kernel)
                      for k in ks})
     variants[(path, 'draft', 1)] = (draft, 1, use_kernel)
@@ -119,9 +131,10 @@ def k_curves(target, draft, paths) -> None:
           ' '.join(f'{k}:{seconds[(path, "target", k)] / step:.2f}'
                    for k in ks) +
           f'; c = {seconds[(path, "draft", 1)] / step:.4f}')
-  if len(paths) == 2:
-    print(f'one-token step, {paths[0]} over xla: '
-          f'{seconds[(paths[0], "target", 1)] / seconds[("xla", "target", 1)]:.2f}')
+  last = list(paths)[-1]
+  for path in list(paths)[:-1]:
+    print(f'one-token step, {path} over {last}: '
+          f'{seconds[(path, "target", 1)] / seconds[(last, "target", 1)]:.2f}')
 
 
 def chunk_consistency(model, enc, use_kernel: bool) -> List[float]:
@@ -160,11 +173,20 @@ def main(argv):
   draft = pretrained.load(FLAGS.draft)
   machine = costs.machine_description()
   print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  kernels.set_product_inputs(FLAGS.product_inputs)
   path = kernels.available()
   print(f'decoder products: {path}' + (
       '' if path != 'xla' else ' (kernel switched off, not built, or not '
       'on a CPU)'))
-  k_curves(target, draft, (path, 'xla') if path != 'xla' else ('xla',))
+  if path == 'xla':
+    k_curves(target, draft, {'xla': False})
+  else:
+    curves = {}
+    for inputs in kernels.PRODUCT_INPUTS:
+      with kernels.product_inputs_as(inputs):
+        curves[kernels.available()] = inputs
+    curves['xla'] = False
+    k_curves(target, draft, curves)
   source = tasks.load_pairs('translate_en_de', 'test')[FLAGS.example][0]
   enc = evaluation.trim_padding(evaluation.encode_inputs(
       pretrained.vocabulary(), 'translate_en_de', [source], 64))

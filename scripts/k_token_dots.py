@@ -16,7 +16,9 @@ weights, and times the chain at K = 1 .. --max_k in one compiled call:
     minor output dimension);
   * on the few-row kernel (`spec_decode.kernels`), with bfloat16 panels
     (what decoding uses for the shipped models, whose weights are bfloat16
-    values) and float32 panels.
+    values) and float32 panels, and with bfloat16 inputs
+    (`kernels.set_product_inputs('bfloat16')`: activations rounded at each
+    product, VDPBF16PS where the CPU has AVX512_BF16).
 
 All settings take turns at each K (interleaved, after warm-up; medians).
 Printed: the machine and the kernel's code path, then per setting the
@@ -24,8 +26,12 @@ chain's time at each K over its own K = 1 time, its K = 1 time and
 streaming rate, and each setting's time over the XLA-defaults [in, out]
 row at each K (where the kernel stops paying: `kernels.MAX_ROWS`). A
 decoder call cannot cost less, in single steps, than the best of these
-rows allows, whatever is done around the products. --output writes the
-milliseconds as JSON.
+rows allows, whatever is done around the products. Last, the arithmetic
+floor: the CPU's peak multiply-add rate, measured on 1 and 2 threads
+(float32 FMAs; bfloat16 dot products where the CPU has AVX512_BF16), and
+what K rows of the chain's weights cost at that rate in single K = 1
+chains: past the K where it reaches 1, no kernel can keep a K-token call at
+one step's cost on this CPU. --output writes the milliseconds as JSON.
 
   python scripts/k_token_dots.py --ks=1,2,3,4,5,6,7,8,16,32,64,96,128
 """
@@ -43,6 +49,7 @@ from spec_decode import benchmark
 from spec_decode import compile as compile_lib
 from spec_decode import costs
 from spec_decode import kernels
+from spec_decode.kernels import library
 from spec_decode import pretrained
 
 FLAGS = flags.FLAGS
@@ -113,6 +120,11 @@ def settings(chain) -> Dict[str, tuple]:
       result[f'few-row kernel, {jnp.dtype(dtype).name} panels'] = (
           jax.jit(dot_chain(kernels.matmul),
                   compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
+    packed = jax.tree_util.tree_map(
+        lambda w: kernels.pack_kernel(w, inputs='bfloat16'), chain)
+    result['few-row kernel, bfloat16 inputs'] = (
+        jax.jit(dot_chain(kernels.matmul),
+                compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
   return result
 
 
@@ -153,10 +165,47 @@ def main(argv):
   for name in chains:
     print(f'{name}:'.ljust(width) + ''.join(
         f'{m / r:7.2f}' for m, r in zip(ms[name], ms[reference])))
+  floors = arithmetic_floors(weight_bytes // 4, ks, ms)
   if FLAGS.output:
     with open(FLAGS.output, 'w') as f:
       json.dump({'machine': machine, 'kernel': kernels.available(),
-                 'ks': ks, 'milliseconds': ms}, f, indent=1)
+                 'ks': ks, 'milliseconds': ms, 'arithmetic_floors': floors},
+                f, indent=1)
+
+
+def arithmetic_floors(weights: int, ks, ms) -> dict:
+  """Prints (and returns) the least time K rows' multiply-adds take at the
+  CPU's measured peak rate, over the fastest K = 1 product chain."""
+  rates = {}
+  for kind in ('float32', 'bfloat16'):
+    for threads in (1, 2):
+      rate = library.peak_mac_rate(kind, threads)
+      if rate:
+        rates[f'{kind}, {threads} thread{"s" if threads > 1 else ""}'] = rate
+  if not rates:
+    print('\n(no measured multiply-add rate: the kernel library is not '
+          'built here)')
+    return {}
+  step = min(values[0] for values in ms.values())
+  print(f'\nmeasured peak multiply-add rates: ' + ', '.join(
+      f'{name} {rate / 1e9:.1f} G/s' for name, rate in rates.items()))
+  shared = rates.get('float32, 2 threads', 0) < 1.2 * rates.get(
+      'float32, 1 thread', 1e30)
+  if shared:
+    print("(2 threads no faster than 1: this machine's CPUs share one "
+          "core's vector units)")
+  print(f'K rows x {weights / 1e6:.1f}M weights at the best rate of each '
+        f'kind, over the fastest K = 1 chain ({step:.2f} ms):')
+  floors = {}
+  for kind in ('float32', 'bfloat16'):
+    best = max((rate for name, rate in rates.items()
+                if name.startswith(kind)), default=None)
+    if best is None:
+      continue
+    floors[kind] = [k * weights / best * 1e3 / step for k in ks]
+    print(f'  {kind} inputs:'.ljust(20) + ''.join(
+        f'{value:7.2f}' for value in floors[kind]))
+  return floors
 
 
 if __name__ == '__main__':

@@ -8,10 +8,12 @@ compiled loops of decoder calls as the decoders make them; the formulas that
 use them are in `analysis`.
 """
 
+import contextlib
 import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
+                    Tuple, Union)
 
 import jax
 import jax.numpy as jnp
@@ -127,7 +129,26 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
                      count)
 
 
-def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int, bool]],
+def kernel_setting(use_kernel: Union[bool, str]):
+  """A context in which models prepare the decode path `use_kernel` names.
+
+  Args:
+    use_kernel: False: XLA's dots; True: the few-row kernel (where it is
+      available) with the current product inputs; 'float32' or 'bfloat16':
+      the kernel with those product inputs (`kernels.set_product_inputs`).
+
+  Returns:
+    A context manager.
+  """
+  stack = contextlib.ExitStack()
+  stack.enter_context(kernels.enabled_as(bool(use_kernel)))
+  if isinstance(use_kernel, str):
+    stack.enter_context(kernels.product_inputs_as(use_kernel))
+  return stack
+
+
+def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
+                                                      Union[bool, str]]],
                          encoder_input_tokens: Any, repeats: int = 7,
                          steps: int = 12, position: int = 8
                          ) -> Dict[Any, float]:
@@ -140,8 +161,8 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int, bool]],
   (interleaved, after warm-up), and medians count.
 
   Args:
-    variants: Name -> (model, tokens per row per call, whether its products
-      run on the few-row CPU kernel where it is available).
+    variants: Name -> (model, tokens per row per call, the products' path
+      as `kernel_setting` takes it).
     encoder_input_tokens: int [batch, enc_len] probe inputs.
     repeats: Timed runs per kind of call.
     steps: Calls in the longer run (> 2).
@@ -152,7 +173,7 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int, bool]],
   """
   calls = {}
   for name, (model, chunk_len, use_kernel) in variants.items():
-    with kernels.enabled_as(use_kernel):
+    with kernel_setting(use_kernel):
       for count in (2, steps):
         calls[(name, count)] = timed_decoder_calls(
             model, encoder_input_tokens, chunk_len, position, count,

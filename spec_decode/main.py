@@ -70,6 +70,10 @@ class MainConfig:
     cpu_kernel: Run decoder products on the few-row CPU kernel where it is
       built (`spec_decode.kernels`); False: XLA's dots, for comparisons.
       Both decoders always take the same path.
+    kernel_product_inputs: What the kernel's products take the activations
+      as: 'float32' (exact) or 'bfloat16' (rounded at each product, float32
+      sums, as TPUs compute float32 dots at default precision; twice the
+      arithmetic rate on CPUs with AVX512_BF16). Both decoders use it.
   """
   target: specs.ModelSpec = specs.ModelSpec(
       label='local target', pretrained='t5_local_target')
@@ -89,6 +93,7 @@ class MainConfig:
   num_partitions: Union[int, str] = 1
   vocabulary: Optional[str] = None
   cpu_kernel: bool = True
+  kernel_product_inputs: str = 'float32'
 
 
 def _log(message: str) -> None:
@@ -175,9 +180,14 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
       not isinstance(config.gamma, int) or config.gamma < 1):
     raise ValueError(f"gamma must be 'auto' or a positive integer, got "
                      f'{config.gamma!r}.')
+  if config.kernel_product_inputs not in kernels.PRODUCT_INPUTS:
+    raise ValueError(f'kernel_product_inputs must be one of '
+                     f'{kernels.PRODUCT_INPUTS}, got '
+                     f'{config.kernel_product_inputs!r}.')
   start = time.time()
   if not config.cpu_kernel:
     kernels.set_enabled(False)
+  kernels.set_product_inputs(config.kernel_product_inputs)
   _log(f'loading {config.target.describe()} and {config.draft.describe()}')
   vocabulary = config.target.vocabulary(config.vocabulary)
   specs.check_vocabulary(vocabulary, config.target.model_config())

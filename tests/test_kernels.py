@@ -352,3 +352,15 @@ def test_a_position_in_a_chunk_gets_the_bits_it_gets_alone():
   for chunk in (2, 3, 6):
     np.testing.assert_array_equal(
         _chunk_logits(model, model.decode_kernels, chunk), single)
+
+
+@built
+def test_peak_rate_is_measured_where_the_cpu_has_the_instructions():
+  # scripts/k_token_dots.py prints the arithmetic floor from it.
+  rate = library.peak_mac_rate('float32', threads=1, seconds=0.02)
+  if library.best_isa() in (2, 3):
+    assert 1e8 < rate < 1e13
+  else:
+    assert rate is None
+  dot = library.peak_mac_rate('bfloat16', threads=2, seconds=0.02)
+  assert (dot is not None) == library.has_avx512_bf16()

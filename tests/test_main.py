@@ -93,6 +93,11 @@ def test_main_job_refuses_a_bad_gamma(tmp_path):
     main.run(main.MainConfig(gamma=0), str(tmp_path))
 
 
+def test_main_job_refuses_unknown_product_inputs(tmp_path):
+  with pytest.raises(ValueError, match='kernel_product_inputs must be one of'):
+    main.run(main.MainConfig(kernel_product_inputs='int8'), str(tmp_path))
+
+
 @pytest.mark.slow
 def test_main_cli_takes_gin_flags(tmp_path, cost_cache):
   result = subprocess.run(

@@ -18,6 +18,16 @@ Every output element is one float32 fused multiply-add chain over k in
 order, whatever the number of rows, the tile or the instruction set, so a
 row's result does not depend on the rows computed with it, and the AVX2,
 AVX-512 and portable paths agree bit for bit.
+
+Product inputs. By default a product's activations enter as float32
+(exact, what XLA:CPU computes). `set_product_inputs('bfloat16')` (or
+SPEC_DECODE_KERNEL_INPUTS=bfloat16) rounds them to bfloat16 at every
+product, as XLA does for float32 dots on TPUs at default precision, with
+float32 sums (`bf16_products.cc`): on CPUs with AVX512_BF16 one instruction
+then does two multiply-adds per lane, which is what a K-token call needs
+once it is bound by arithmetic rather than by streaming the weights. It
+changes results (each input by up to 2^-9 relative), so it is off by
+default; baseline and speculative decoding both use it when set.
 """
 
 import contextlib
@@ -44,6 +54,12 @@ _SWITCH_VARIABLE = 'SPEC_DECODE_KERNELS'
 _enabled = os.environ.get(_SWITCH_VARIABLE, 'on').strip().lower() not in (
     '0', 'off', 'false', 'no')
 
+# What a product's activations enter the kernel as: 'float32' (exact) or
+# 'bfloat16' (rounded, twice the arithmetic rate on AVX512_BF16 CPUs).
+PRODUCT_INPUTS = ('float32', 'bfloat16')
+_INPUTS_VARIABLE = 'SPEC_DECODE_KERNEL_INPUTS'
+_product_inputs = os.environ.get(_INPUTS_VARIABLE, 'float32').strip().lower()
+
 
 def set_enabled(enabled: bool) -> None:
   """Turns the kernel on or off for models prepared from now on.
@@ -67,6 +83,45 @@ def enabled_as(enabled: bool) -> Iterator[None]:
     set_enabled(before)
 
 
+def _check_inputs(inputs: str) -> str:
+  if inputs not in PRODUCT_INPUTS:
+    raise ValueError(f'product inputs must be one of {PRODUCT_INPUTS}, got '
+                     f'{inputs!r}.')
+  return inputs
+
+
+def set_product_inputs(inputs: str) -> None:
+  """What decoder products' activations enter the kernel as, from now on.
+
+  Args:
+    inputs: 'float32' (exact; the default) or 'bfloat16' (rounded at each
+      product, float32 sums: TPU default-precision semantics). Models
+      prepare their kernels once per setting (`Model.decode_kernels`).
+      Environment: SPEC_DECODE_KERNEL_INPUTS=bfloat16.
+
+  Raises:
+    ValueError: `inputs` is neither.
+  """
+  global _product_inputs
+  _product_inputs = _check_inputs(inputs)
+
+
+@contextlib.contextmanager
+def product_inputs_as(inputs: str) -> Iterator[None]:
+  """`set_product_inputs(inputs)` inside a `with` block, restored after it."""
+  before = _product_inputs
+  set_product_inputs(inputs)
+  try:
+    yield
+  finally:
+    set_product_inputs(before)
+
+
+def product_inputs() -> str:
+  """'float32' or 'bfloat16': what decoder products' activations enter as."""
+  return _check_inputs(_product_inputs)
+
+
 def enabled() -> bool:
   """Whether decoding uses the kernel now: switched on, built, on a CPU."""
   return (_enabled and jax.default_backend() == 'cpu'
@@ -78,11 +133,17 @@ def available() -> str:
 
   Returns:
     'avx512', 'avx2' or 'portable' (the kernel's code path on this CPU), or
-    'xla' (switched off, not built, or not on a CPU).
+    'xla' (switched off, not built, or not on a CPU); with bfloat16 product
+    inputs, '+bf16 inputs (vdpbf16ps)' or '+bf16 inputs (fma)' follows,
+    saying whether the CPU's AVX512_BF16 instruction computes them.
   """
   if not enabled():
     return 'xla'
-  return library.ISA_NAMES[library.best_isa()]
+  path = library.ISA_NAMES[library.best_isa()]
+  if product_inputs() == 'bfloat16':
+    how = 'vdpbf16ps' if library.has_avx512_bf16() else 'fma'
+    path += f'+bf16 inputs ({how})'
+  return path
 
 
 @flax.struct.dataclass
@@ -93,14 +154,20 @@ class PackedKernel:
     panels: [ceil(N / 32), K, 32] float32 or bfloat16: column panels, each
       a contiguous stream, zero past N. bfloat16 panels interleave each
       16-column half (slot 2i: column i, slot 2i + 1: column 8 + i).
+      With bfloat16 inputs: [ceil(N / 32), K / 2, 64] bfloat16, panel row
+      r holding (W[2r][c], W[2r + 1][c]) for c = 0..31.
     features: N, the product's output width.
+    inputs: 'float32' or 'bfloat16': what the activations enter as.
   """
   panels: Array
   features: int = flax.struct.field(pytree_node=False)
+  inputs: str = flax.struct.field(pytree_node=False, default='float32')
 
   @property
   def depth(self) -> int:
     """K, the contracted width."""
+    if self.inputs == 'bfloat16':
+      return 2 * self.panels.shape[1]
     return self.panels.shape[1]
 
 
@@ -123,30 +190,47 @@ def packed_dtype(kernel: np.ndarray, activation_dtype=jnp.float32):
   return jnp.bfloat16 if np.array_equal(as_float, rounded) else jnp.float32
 
 
-def pack_kernel(kernel, dtype=None) -> PackedKernel:
+def pack_kernel(kernel, dtype=None, inputs: str = 'float32') -> PackedKernel:
   """Lays out a T5X [in, out] kernel for the few-row kernel.
 
   Args:
     kernel: [K, N] array (numpy or jax), T5X's layout.
     dtype: jnp.float32 or jnp.bfloat16; None picks `packed_dtype`.
+    inputs: 'float32', or 'bfloat16' (activations rounded at the product;
+      the weights are then rounded to bfloat16 too, and K must be even).
 
   Returns:
     A `PackedKernel` on the default device.
 
   Raises:
-    ValueError: `kernel` is not 2-D or `dtype` is neither.
+    ValueError: `kernel` is not 2-D, `dtype` is neither, or `inputs` is
+      'bfloat16' with float32 `dtype` or an odd K.
   """
   kernel = np.asarray(kernel, np.float32)
   if kernel.ndim != 2:
     raise ValueError(f'kernel must be 2-D [in, out], got shape '
                      f'{kernel.shape}.')
+  _check_inputs(inputs)
+  if inputs == 'bfloat16':
+    dtype = jnp.bfloat16 if dtype is None else jnp.dtype(dtype)
   dtype = packed_dtype(kernel) if dtype is None else jnp.dtype(dtype)
   if dtype not in (jnp.float32, jnp.bfloat16):
     raise ValueError(f'dtype must be float32 or bfloat16, got {dtype}.')
   depth, features = kernel.shape
+  if inputs == 'bfloat16' and (dtype != jnp.bfloat16 or depth % 2):
+    raise ValueError(f"inputs='bfloat16' needs dtype bfloat16 and an even "
+                     f'input width; got {dtype} and kernel shape '
+                     f'{kernel.shape}.')
   count = -(-features // PANEL)
   padded = np.zeros((depth, count * PANEL), np.float32)
   padded[:, :features] = kernel
+  if inputs == 'bfloat16':
+    # [K, P * 32] -> [K / 2, 2, P, 32] -> [P, K / 2, 32, 2] -> [P, K / 2, 64]
+    pairs = padded.reshape(depth // 2, 2, count, PANEL).transpose(2, 0, 3, 1)
+    return PackedKernel(
+        panels=jnp.asarray(pairs.reshape(count, depth // 2, 2 * PANEL),
+                           jnp.bfloat16),
+        features=features, inputs=inputs)
   # [K, P * 32] -> [P, K, 32]
   panels = padded.reshape(depth, count, PANEL).transpose(1, 0, 2)
   if dtype == jnp.bfloat16:
@@ -159,6 +243,11 @@ def pack_kernel(kernel, dtype=None) -> PackedKernel:
 def unpack_kernel(packed: PackedKernel) -> np.ndarray:
   """The [K, N] float32 kernel a `PackedKernel` holds (for checks)."""
   panels = np.asarray(packed.panels.astype(jnp.float32))
+  if packed.inputs == 'bfloat16':
+    count, pairs, _ = panels.shape
+    # [P, K / 2, 32, 2] -> [K / 2, 2, P, 32]
+    return panels.reshape(count, pairs, PANEL, 2).transpose(1, 3, 0, 2).reshape(
+        2 * pairs, count * PANEL)[:, :packed.features]
   if packed.panels.dtype == jnp.bfloat16:
     panels = panels[..., _bf16_slots()]
   count, depth, _ = panels.shape
@@ -172,7 +261,7 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
 
   Args:
     x: [..., K] floating activations (cast to float32, exactly for
-      bfloat16).
+      bfloat16; or rounded to bfloat16 where `packed.inputs` says so).
     packed: The kernel, from `pack_kernel`.
     isa: The code path: `library.ISA_BEST` (the CPU's widest) or a key of
       `library.ISA_NAMES` (tests pin the portable reference).
@@ -198,9 +287,14 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
                      f'{sorted(library.ISA_NAMES)}, got {isa!r}.')
   leading = x.shape[:-1]
   rows = int(np.prod(leading, dtype=np.int64))
-  flat = x.reshape(rows, packed.depth).astype(jnp.float32)
+  if packed.inputs == 'bfloat16':
+    target, flat = (library.BF16_INPUT_MATMUL_TARGET,
+                    x.reshape(rows, packed.depth).astype(jnp.bfloat16))
+  else:
+    target, flat = (library.MATMUL_TARGET,
+                    x.reshape(rows, packed.depth).astype(jnp.float32))
   call = jax.ffi.ffi_call(
-      library.MATMUL_TARGET,
+      target,
       jax.ShapeDtypeStruct((rows, packed.features), jnp.float32),
       vmap_method='sequential')
   y = call(flat, packed.panels, isa=np.int32(isa), threads=np.int32(threads))
@@ -265,8 +359,8 @@ def pays_for(rows: int) -> bool:
 
 
 __all__ = [
-    'MAX_ROWS', 'PackedKernel', 'attention', 'available', 'enabled',
-    'enabled_as',
-    'matmul', 'pack_kernel', 'packed_dtype', 'pays_for', 'set_enabled',
-    'unpack_kernel',
+    'MAX_ROWS', 'PRODUCT_INPUTS', 'PackedKernel', 'attention', 'available',
+    'enabled', 'enabled_as', 'matmul', 'pack_kernel', 'packed_dtype',
+    'pays_for', 'product_inputs', 'product_inputs_as', 'set_enabled',
+    'set_product_inputs', 'unpack_kernel',
 ]

@@ -1,7 +1,8 @@
 """Finding, loading and registering the compiled CPU decoding kernels.
 
-`pip install .` compiles `few_rows.cc` (the few-row matrix product) and
-`decode_attention.cc` into one shared library next to this file
+`pip install .` compiles `few_rows.cc` (the few-row matrix product),
+`bf16_products.cc` (its bfloat16-input form), `decode_attention.cc` and
+`peak_rate.cc` (the CPU's multiply-add rate, for the scripts) into one shared library next to this file
 (`_few_rows*.so`; see setup.py). Where it was not built (no C++
 compiler at install time, a platform without one) or cannot load, decoding
 uses XLA's dots and this says so once in the log.
@@ -17,6 +18,7 @@ from typing import Optional
 import jax
 
 MATMUL_TARGET = 'spec_decode_few_row_matmul'
+BF16_INPUT_MATMUL_TARGET = 'spec_decode_bf16_input_matmul'
 ATTENTION_TARGET = 'spec_decode_decode_attention'
 
 # The `isa` attribute of the custom call: which code path computes.
@@ -55,7 +57,13 @@ def load() -> Optional[ctypes.CDLL]:
     library.SdFewRowBestIsa.restype = ctypes.c_int32
     library.SdFewRowSupports.restype = ctypes.c_int32
     library.SdFewRowSupports.argtypes = [ctypes.c_int32]
+    library.SdHasAvx512Bf16.restype = ctypes.c_int32
+    library.SdPeakMacRate.restype = ctypes.c_double
+    library.SdPeakMacRate.argtypes = [ctypes.c_int32, ctypes.c_int32,
+                                      ctypes.c_double]
     for target, symbol in ((MATMUL_TARGET, library.SdFewRowMatmul),
+                           (BF16_INPUT_MATMUL_TARGET,
+                            library.SdBf16InputMatmul),
                            (ATTENTION_TARGET, library.SdDecodeAttention)):
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol),
                                   platform='cpu')
@@ -76,3 +84,32 @@ def supports(isa: int) -> bool:
   """Whether code path `isa` (a key of `ISA_NAMES`) can run on this CPU."""
   library = load()
   return library is not None and bool(library.SdFewRowSupports(isa))
+
+
+def has_avx512_bf16() -> bool:
+  """Whether bfloat16-input products run VDPBF16PS on this CPU (AVX512_BF16)."""
+  library = load()
+  return library is not None and bool(library.SdHasAvx512Bf16())
+
+
+def peak_mac_rate(kind: str = 'float32', threads: int = 1,
+                  seconds: float = 0.2) -> Optional[float]:
+  """The CPU's measured multiply-adds per second (`peak_rate.cc`).
+
+  Args:
+    kind: 'float32' (FMAs on the widest vector unit) or 'bfloat16'
+      (VDPBF16PS, two multiply-adds per lane).
+    threads: Threads running at once (their rates add up, unless they share
+      a physical core's units).
+    seconds: About how long to run.
+
+  Returns:
+    Multiply-adds per second, or None without the library or where this
+    CPU lacks the instructions.
+  """
+  library = load()
+  if library is None:
+    return None
+  rate = library.SdPeakMacRate({'float32': 0, 'bfloat16': 1}[kind], threads,
+                               seconds)
+  return rate or None

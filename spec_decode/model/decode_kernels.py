@@ -42,6 +42,9 @@ JOINED_WI = 'joined_wi'
 def _pack(kernel_arrays, activation_dtype) -> kernels.PackedKernel:
   joined = np.concatenate([np.asarray(k, np.float32) for k in kernel_arrays],
                           axis=1)
+  if kernels.product_inputs() == 'bfloat16' and joined.shape[0] % 2 == 0:
+    return kernels.pack_kernel(joined, inputs='bfloat16')
+  # An odd input width (no T5 has one) keeps float32 inputs.
   return kernels.pack_kernel(
       joined, kernels.packed_dtype(joined, activation_dtype))
 
@@ -70,7 +73,9 @@ def prepare(config: T5Config, params: Dict[str, Any]) -> Dict[str, Any]:
 
   Each kernel is packed in the dtype that changes no result
   (`kernels.packed_dtype`): bfloat16 for bfloat16 models and for float32
-  weights that are bfloat16 values, float32 otherwise.
+  weights that are bfloat16 values, float32 otherwise. With
+  `kernels.set_product_inputs('bfloat16')` every kernel is packed for
+  bfloat16 inputs instead (weights rounded to bfloat16 too).
 
   Args:
     config: The model config.

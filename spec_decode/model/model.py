@@ -233,7 +233,8 @@ class Model:
     # Placements of this model on meshes it was not sharded for (a draft
     # replicated beside a sharded target), made once per mesh.
     self._placements: Dict[Any, 'Model'] = {}
-    self._decode_kernels: Optional[Params] = None
+    # Per `kernels.product_inputs()` setting.
+    self._decode_kernels: Dict[str, Params] = {}
 
   @property
   def config(self) -> T5Config:
@@ -256,17 +257,19 @@ class Model:
   def decode_kernels(self) -> Optional[Params]:
     """The model's kernels laid out for the few-row CPU kernel, or None.
 
-    Prepared on first use and kept (`decode_kernels.prepare` says what
-    they cost in memory). None, so decoding uses XLA's dots, when the
-    kernel is switched off or not built (`spec_decode.kernels.available()`),
-    off a CPU, or for a model sharded over a mesh.
+    Prepared on first use for the current `kernels.product_inputs()` and
+    kept (`decode_kernels.prepare` says what they cost in memory). None, so
+    decoding uses XLA's dots, when the kernel is switched off or not built
+    (`spec_decode.kernels.available()`), off a CPU, or for a model sharded
+    over a mesh.
     """
     if self._partitioning is not None or not kernels.enabled():
       return None
-    if self._decode_kernels is None:
-      self._decode_kernels = decode_kernels.prepare(self._config,
-                                                    self._params)
-    return self._decode_kernels
+    inputs = kernels.product_inputs()
+    if inputs not in self._decode_kernels:
+      self._decode_kernels[inputs] = decode_kernels.prepare(self._config,
+                                                            self._params)
+    return self._decode_kernels[inputs]
 
   def shard(self, mesh: jax.sharding.Mesh,
             rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None
