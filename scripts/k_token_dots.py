@@ -187,7 +187,7 @@ def arithmetic_floors(weights: int, ks, ms) -> dict:
           'built here)')
     return {}
   step = min(values[0] for values in ms.values())
-  print(f'\nmeasured peak multiply-add rates: ' + ', '.join(
+  print('\nmeasured peak multiply-add rates: ' + ', '.join(
       f'{name} {rate / 1e9:.1f} G/s' for name, rate in rates.items()))
   shared = rates.get('float32, 2 threads', 0) < 1.2 * rates.get(
       'float32, 1 thread', 1e30)

@@ -85,8 +85,9 @@ def enabled_as(enabled: bool) -> Iterator[None]:
 
 def _check_inputs(inputs: str) -> str:
   if inputs not in PRODUCT_INPUTS:
-    raise ValueError(f'product inputs must be one of {PRODUCT_INPUTS}, got '
-                     f'{inputs!r}.')
+    raise ValueError(f'product inputs (set_product_inputs, or '
+                     f'{_INPUTS_VARIABLE}) must be one of {PRODUCT_INPUTS}, '
+                     f'got {inputs!r}.')
   return inputs
 
 

@@ -258,7 +258,8 @@ class Model:
     """The model's kernels laid out for the few-row CPU kernel, or None.
 
     Prepared on first use for the current `kernels.product_inputs()` and
-    kept (`decode_kernels.prepare` says what they cost in memory). None, so
+    kept, one copy per setting used (`decode_kernels.prepare` says what a
+    copy costs in memory). None, so
     decoding uses XLA's dots, when the kernel is switched off or not built
     (`spec_decode.kernels.available()`), off a CPU, or for a model sharded
     over a mesh.

@@ -1,0 +1,171 @@
+r"""Where a decoding loop's time goes, op by op, from XLA:CPU's own trace.
+
+  python scripts/thunk_profile.py --decoder=speculative --temperature=1
+  python scripts/thunk_profile.py --decoder=auto_plain   # 'auto', no proposals
+
+Decodes one held-out En->De input with the shipped pair to --max_decode_len
+tokens (no EOS, so every run has the same number of iterations), several
+times under `jax.profiler.trace` with XLA:CPU's per-thunk trace events
+switched on (`--xla_cpu_enable_xprof_traceme`), and prints each kind of
+thunk's own time (its events' durations less those of events nested in
+them) per loop iteration: the few-row kernel's calls (`ffi_call`: products
+and attention), the fusions XLA emits around them, copies, control flow.
+The decoders:
+
+  baseline      plain decoding, one target step per iteration;
+  speculative   a fixed --gamma, the draft proposing every iteration;
+  auto_plain    gamma='auto' with costs that make every row propose
+                nothing: each iteration is a plain target step inside the
+                speculative loop, so the difference from baseline is that
+                loop's own overhead.
+
+Read the per-iteration figures against each other (same run, same
+machine); absolute times include the tracing's own cost (~1 us per thunk)
+and move with the host. Also printed: thunks per iteration and how much
+of the kernel calls' time other thunks ran beside them on another thread.
+"""
+
+import bisect
+import collections
+import glob
+import gzip
+import json
+import os
+import tempfile
+
+# XLA reads its flags once, when the backend starts: before jax is imported.
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                           ' --xla_cpu_enable_xprof_traceme=true').strip()
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from spec_decode import adaptive  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import costs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import evaluation  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import pretrained  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import speculative  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum('decoder', 'speculative',
+                  ['baseline', 'speculative', 'auto_plain'], 'See above.')
+flags.DEFINE_float('temperature', 0.0, 'Sampling temperature.')
+flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration (speculative; '
+                     "auto_plain's max_gamma).")
+flags.DEFINE_integer('max_decode_len', 48, 'Tokens decoded per run.')
+flags.DEFINE_integer('runs', 5, 'Traced runs (after two untraced ones).')
+flags.DEFINE_integer('top', 25, 'Kinds of thunk printed.')
+flags.DEFINE_enum('product_inputs', kernels.product_inputs(),
+                  list(kernels.PRODUCT_INPUTS), 'The kernel\'s product inputs.')
+flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
+flags.DEFINE_string('draft', 't5_local_draft_tiny', 'Shipped draft.')
+
+# Trace events that are not thunks: Python frames, runtime bookkeeping.
+_NOT_THUNKS = ('$', 'Pjit', 'ThunkExecutor', 'Threadpool', 'end: ',
+               'CommonPjRt', 'ParseArguments', 'DevicePut', 'Wait for')
+
+
+def _decode_function(target, draft, enc):
+  key = jax.random.PRNGKey(0)
+  sampling = SamplingConfig(FLAGS.temperature)
+  length = FLAGS.max_decode_len
+  if FLAGS.decoder == 'baseline':
+    return lambda: decoding.baseline_generate(
+        target.config, target.params, enc, key, length, sampling, -1, None,
+        target.decode_kernels)
+  costs_arg = None
+  if FLAGS.decoder == 'auto_plain':
+    # Any proposal would cost 100 steps: every row decodes plainly.
+    costs_arg = adaptive.ProposalCosts.create(
+        [1.0] + [100.0] * FLAGS.gamma, 0.5)
+  return lambda: speculative.speculative_generate(
+      target, draft, enc, rng=key, max_decode_len=length, sampling=sampling,
+      eos_id=-1, gamma=FLAGS.gamma, lenience=1.0, proposal_costs=costs_arg)
+
+
+def _self_times(events):
+  """Each event's duration less its directly nested events', per thread."""
+  by_thread = collections.defaultdict(list)
+  for event in events:
+    by_thread[(event.get('pid'), event.get('tid'))].append(event)
+  for thread_events in by_thread.values():
+    thread_events.sort(key=lambda e: (e['ts'], -e['dur']))
+    stack = []
+    for event in thread_events:
+      while stack and stack[-1]['ts'] + stack[-1]['dur'] <= event['ts']:
+        stack.pop()
+      if stack:
+        stack[-1]['nested'] = stack[-1].get('nested', 0) + event['dur']
+      stack.append(event)
+  return {id(e): e['dur'] - e.get('nested', 0) for e in events}
+
+
+def main(argv):
+  del argv
+  kernels.set_product_inputs(FLAGS.product_inputs)
+  machine = costs.machine_description()
+  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  print(f'decoder products: {kernels.available()}')
+  target = pretrained.load(FLAGS.target)
+  draft = pretrained.load(FLAGS.draft)
+  source = tasks.load_pairs('translate_en_de', 'test')[3][0]
+  enc = evaluation.trim_padding(evaluation.encode_inputs(
+      pretrained.vocabulary(), 'translate_en_de', [source], 64))
+  decode = _decode_function(target, draft, enc)
+  for _ in range(2):  # Compile, warm up.
+    result = decode()
+    jax.block_until_ready(result.tokens)
+  iterations = int(np.asarray(result.num_iterations))
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      for _ in range(FLAGS.runs):
+        jax.block_until_ready(decode().tokens)
+    (path,) = glob.glob(os.path.join(folder, '**', 'perfetto_trace.json.gz'),
+                        recursive=True)
+    with gzip.open(path) as f:
+      events = [e for e in json.load(f)['traceEvents']
+                if e.get('ph') == 'X' and 'dur' in e]
+  thunks = [e for e in events if not e['name'].startswith(_NOT_THUNKS)]
+  own = _self_times(thunks)
+  per_kind = collections.Counter()
+  count = collections.Counter()
+  for event in thunks:
+    kind = event['name'].split('.')[0]
+    per_kind[kind] += own[id(event)]
+    count[kind] += 1
+  scale = 1e3 * FLAGS.runs * iterations  # us -> ms per iteration
+  print(f'{FLAGS.decoder}, T={FLAGS.temperature}, {iterations} loop '
+        f'iterations for {FLAGS.max_decode_len} tokens; thunks per '
+        f'iteration {len(thunks) / FLAGS.runs / iterations:.0f}; own time '
+        f'per iteration {sum(per_kind.values()) / scale:.3f} ms, of it:')
+  for kind, spent in per_kind.most_common(FLAGS.top):
+    print(f'  {kind:44s} {spent / scale:8.4f} ms  '
+          f'({count[kind] / FLAGS.runs / iterations:.1f} per iteration)')
+  # Other thunks running beside the kernel calls, on other threads: they
+  # take a core the kernel's helpers would use.
+  calls = [e for e in thunks if e['name'].startswith('ffi_call')]
+  others = sorted((e for e in thunks if not e['name'].startswith(
+      ('ffi_call', 'while', 'cond', 'call'))), key=lambda e: e['ts'])
+  starts = [e['ts'] for e in others]
+  beside = 0.0
+  for call in calls:
+    begin, end = call['ts'], call['ts'] + call['dur']
+    index = bisect.bisect_left(starts, begin - 1e4)
+    while index < len(others) and others[index]['ts'] < end:
+      other = others[index]
+      if other['tid'] != call['tid']:
+        beside += max(0.0, min(end, other['ts'] + other['dur'])
+                      - max(begin, other['ts']))
+      index += 1
+  print(f'kernel calls: {sum(c["dur"] for c in calls) / scale:.3f} ms per '
+        f'iteration, other thunks beside them {beside / scale:.4f} ms')
+
+
+if __name__ == '__main__':
+  app.run(main)
