@@ -143,7 +143,9 @@ def test_decoder_call_is_close_to_xla_and_position_invariant():
 
 
 @built
-@pytest.mark.parametrize('batch', [1, 4, 7])
+@pytest.mark.parametrize('batch', [
+    pytest.param(1, marks=pytest.mark.slow),
+    pytest.param(4, marks=pytest.mark.slow), 7])
 def test_greedy_speculative_equals_baseline(batch):
   # Both decoders take the same rounded products, so greedy identity holds
   # on them as on float32 inputs: every row, ragged lengths (EOS inside the
