@@ -10,7 +10,7 @@ afresh, not read from the cache). Where the kernel runs, the K-curve is
 measured for it with float32 and with bfloat16 product inputs
 (`kernels.set_product_inputs`) and for XLA's dots in one interleaved run,
 so the single-token steps compare directly. --product_inputs says which
-of the two the rest of the script (and a main job) would use. Then how far a row's logits in a
+of the two the rest of the script uses. Then how far a row's logits in a
 K-token call are from the same positions scored one token per call (max
 |difference| per K, per path). Then, at batch 1 on one held-out En->De
 input:

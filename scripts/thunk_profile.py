@@ -33,24 +33,20 @@ import json
 import os
 import tempfile
 
-# XLA reads its flags once, when the backend starts: before jax is imported.
-os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                           ' --xla_cpu_enable_xprof_traceme=true').strip()
+from absl import app
+from absl import flags
+import jax
+import numpy as np
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from spec_decode import adaptive  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import costs  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import decoding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import evaluation  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import kernels  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import pretrained  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode import speculative  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode.data import tasks  # pylint: disable=g-import-not-at-top,wrong-import-position
-from spec_decode.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top,wrong-import-position
+from spec_decode import adaptive
+from spec_decode import costs
+from spec_decode import decoding
+from spec_decode import evaluation
+from spec_decode import kernels
+from spec_decode import pretrained
+from spec_decode import speculative
+from spec_decode.data import tasks
+from spec_decode.sampling import SamplingConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('decoder', 'speculative',
@@ -108,6 +104,9 @@ def _self_times(events):
 
 def main(argv):
   del argv
+  # XLA reads its flags when the backend starts, at the first computation.
+  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
+                             ' --xla_cpu_enable_xprof_traceme=true').strip()
   kernels.set_product_inputs(FLAGS.product_inputs)
   machine = costs.machine_description()
   print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
