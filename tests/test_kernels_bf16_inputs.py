@@ -2,35 +2,26 @@
 values, batch invariance, code paths, the decoder on them, exactness of
 speculative decoding on them, the setting and bad input."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from spec_decode import kernels
-from spec_decode.kernels import library
 from spec_decode.model import decode_kernels
 from tests.conftest import random_inputs
 from tests.conftest import random_model
 from tests import test_speculative
+from tests.test_kernels import _call
 from tests.test_kernels import _chunk_logits
-
-built = pytest.mark.skipif(
-    library.load() is None or jax.default_backend() != 'cpu',
-    reason='the kernel library is not built here (see test_kernels)')
+from tests.test_kernels import built
+from tests.test_kernels import ISAS
 
 BAD_INPUTS = (r'product inputs \(set_product_inputs, or '
               r'SPEC_DECODE_KERNEL_INPUTS\) must be one of')
-ISAS = [isa for isa in sorted(library.ISA_NAMES) if library.supports(isa)]
 
 
 def _bf16(values: np.ndarray) -> np.ndarray:
   return np.asarray(jnp.asarray(values, jnp.bfloat16).astype(jnp.float32))
-
-
-def _call(x, packed, isa=library.ISA_BEST, threads=0):
-  fn = jax.jit(lambda x, p: kernels.matmul(x, p, isa=isa, threads=threads))
-  return np.asarray(fn(jnp.asarray(x), packed))
 
 
 @built

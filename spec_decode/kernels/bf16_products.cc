@@ -267,12 +267,11 @@ struct PairJob {
   float* y;              // [M, N].
   int64_t m, pairs, n, panels;
   PairPath path;
-  int64_t chunk_panels;
 };
 
-void RunPairChunk(const PairJob& job, int64_t chunk, std::vector<float>& sums) {
-  const int64_t first = chunk * job.chunk_panels;
-  const int64_t last = std::min(job.panels, first + job.chunk_panels);
+// Panels [first, last) of the product.
+void RunPairPanels(const PairJob& job, int64_t first, int64_t last,
+                   std::vector<float>& sums) {
   const int64_t max_rows = MaxTileRows(job.path);
   const int64_t tiles = (job.m + max_rows - 1) / max_rows;
   sums.resize(static_cast<size_t>(job.m * kPanel));
@@ -305,8 +304,6 @@ void RunPairChunk(const PairJob& job, int64_t chunk, std::vector<float>& sums) {
   }
 }
 
-constexpr size_t kMinParallelBytes = 256 * 1024;
-
 using Bf16Rows = ffi::Buffer<ffi::BF16, 2>;      // x: [M, K].
 using Bf16Panels = ffi::Buffer<ffi::BF16, 3>;    // [P, K / 2, 64].
 using F32Rows = ffi::Buffer<ffi::F32, 2>;        // y: [M, N].
@@ -328,14 +325,10 @@ ffi::Error Bf16InputMatmul(ffi::ThreadPool pool, Bf16Rows x, Bf16Panels packed,
         "bf16_input_matmul: shapes of x [M, K] (K even), packed "
         "[ceil(N / 32), K / 2, 64] and y [M, N] disagree");
   }
-  if (isa_attr < kBest || isa_attr > kAvx512) {
-    return ffi::Error::InvalidArgument("bf16_input_matmul: unknown isa");
-  }
-  Isa isa = static_cast<Isa>(isa_attr);
-  if (isa == kBest) isa = BestIsa();
-  if (!CpuSupports(isa)) {
-    return ffi::Error::InvalidArgument(
-        "bf16_input_matmul: this CPU lacks the requested instruction set");
+  Isa isa;
+  if (ffi::Error error = ResolveIsa("bf16_input_matmul", isa_attr, &isa);
+      error.failure()) {
+    return error;
   }
   if (m == 0 || n == 0) return ffi::Error::Success();
 
@@ -365,16 +358,12 @@ ffi::Error Bf16InputMatmul(ffi::ThreadPool pool, Bf16Rows x, Bf16Panels packed,
     job.x_odd = odd;
   }
 
-  int64_t workers = Workers(pool, threads_attr);
-  const size_t bytes = static_cast<size_t>(job.panels) * k * kPanel * 2;
-  if (bytes < kMinParallelBytes) workers = 1;
-  const int64_t target_chunks = workers == 1 ? 1 : 4 * workers;
-  job.chunk_panels = (job.panels + target_chunks - 1) / target_chunks;
-  const int64_t num_chunks = (job.panels + job.chunk_panels - 1) / job.chunk_panels;
-  ParallelFor(pool, num_chunks, workers, [&job](int64_t chunk) {
-    thread_local std::vector<float> sums;
-    RunPairChunk(job, chunk, sums);
-  });
+  ParallelOverPanels(pool, threads_attr, job.panels,
+                     static_cast<size_t>(job.panels) * k * kPanel * 2,
+                     [&job](int64_t first, int64_t last) {
+                       thread_local std::vector<float> sums;
+                       RunPairPanels(job, first, last, sums);
+                     });
   return ffi::Error::Success();
 }
 

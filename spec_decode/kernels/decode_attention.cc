@@ -158,14 +158,10 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, Heads query, Heads keys,
         "decode_attention: shapes of query [B, Q, H, D], keys [B, H, D, L], "
         "values [B, H, L, D], bias [B, 1|H, 1|Q, L] and out disagree");
   }
-  if (isa_attr < kBest || isa_attr > kAvx512) {
-    return ffi::Error::InvalidArgument("decode_attention: unknown isa");
-  }
-  Isa isa = static_cast<Isa>(isa_attr);
-  if (isa == kBest) isa = BestIsa();
-  if (!CpuSupports(isa)) {
-    return ffi::Error::InvalidArgument(
-        "decode_attention: this CPU lacks the requested instruction set");
+  Isa isa;
+  if (ffi::Error error = ResolveIsa("decode_attention", isa_attr, &isa);
+      error.failure()) {
+    return error;
   }
   const int64_t items = batch * positions * heads;
   if (items == 0 || depth == 0) return ffi::Error::Success();

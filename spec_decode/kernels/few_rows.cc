@@ -387,12 +387,11 @@ struct Job {
   size_t weight_bytes;  // Bytes per weight element: 4 or 2.
   bool bf16;
   Isa isa;
-  int64_t chunk_panels;
 };
 
-void RunChunk(const Job& job, int64_t chunk, std::vector<float>& sums) {
-  const int64_t first = chunk * job.chunk_panels;
-  const int64_t last = std::min(job.panels, first + job.chunk_panels);
+// Panels [first, last) of the product.
+void RunPanels(const Job& job, int64_t first, int64_t last,
+               std::vector<float>& sums) {
   const RowPlan plan = PlanRows(job.isa, job.m);
   const int64_t panel_bytes = job.k * kPanel * job.weight_bytes;
   const char* weights = static_cast<const char*>(job.w);
@@ -429,10 +428,6 @@ void RunChunk(const Job& job, int64_t chunk, std::vector<float>& sums) {
   }
 }
 
-// Below this many weight bytes one thread does the whole product: waking a
-// helper costs more than it saves.
-constexpr size_t kMinParallelBytes = 256 * 1024;
-
 
 ffi::Error FewRowMatmul(ffi::ThreadPool pool, Rows x, ffi::AnyBuffer packed,
                         int32_t isa_attr, int32_t threads_attr,
@@ -456,14 +451,10 @@ ffi::Error FewRowMatmul(ffi::ThreadPool pool, Rows x, ffi::AnyBuffer packed,
         "few_row_matmul: shapes of x [M, K], packed [ceil(N / 32), K, 32] "
         "and y [M, N] disagree");
   }
-  if (isa_attr < kBest || isa_attr > kAvx512) {
-    return ffi::Error::InvalidArgument("few_row_matmul: unknown isa");
-  }
-  Isa isa = static_cast<Isa>(isa_attr);
-  if (isa == kBest) isa = BestIsa();
-  if (!CpuSupports(isa)) {
-    return ffi::Error::InvalidArgument(
-        "few_row_matmul: this CPU lacks the requested instruction set");
+  Isa isa;
+  if (ffi::Error error = ResolveIsa("few_row_matmul", isa_attr, &isa);
+      error.failure()) {
+    return error;
   }
   if (m == 0 || n == 0) return ffi::Error::Success();
 
@@ -479,20 +470,14 @@ ffi::Error FewRowMatmul(ffi::ThreadPool pool, Rows x, ffi::AnyBuffer packed,
   job.weight_bytes = job.bf16 ? 2 : 4;
   job.isa = isa;
 
-  int64_t workers = Workers(pool, threads_attr);
-  const size_t bytes =
-      static_cast<size_t>(job.panels) * k * kPanel * job.weight_bytes;
-  if (bytes < kMinParallelBytes) workers = 1;
-  // A few chunks per worker, so a worker that starts late still gets a share
-  // and none is left with a long tail.
-  const int64_t target_chunks = workers == 1 ? 1 : 4 * workers;
-  job.chunk_panels = (job.panels + target_chunks - 1) / target_chunks;
-  const int64_t num_chunks = (job.panels + job.chunk_panels - 1) / job.chunk_panels;
-  ParallelFor(pool, num_chunks, workers, [&job](int64_t chunk) {
-    // Per-thread running sums, reused across calls.
-    thread_local std::vector<float> sums;
-    RunChunk(job, chunk, sums);
-  });
+  ParallelOverPanels(
+      pool, threads_attr, job.panels,
+      static_cast<size_t>(job.panels) * k * kPanel * job.weight_bytes,
+      [&job](int64_t first, int64_t last) {
+        // Per-thread running sums, reused across calls.
+        thread_local std::vector<float> sums;
+        RunPanels(job, first, last, sums);
+      });
   return ffi::Error::Success();
 }
 

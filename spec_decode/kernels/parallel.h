@@ -1,4 +1,5 @@
-// Work split over XLA's intra-op thread pool from inside an FFI call.
+// Work split over XLA's intra-op thread pool from inside an FFI call, and
+// what every kernel's FFI handler shares (its `isa` attribute, resolved).
 //
 // The calling thread and helpers scheduled on the FFI's ThreadPool (the
 // threads XLA's own ops use, idle while a custom call runs, so nothing
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "cpu_features.h"
@@ -68,6 +70,41 @@ inline void ParallelFor(xla::ffi::ThreadPool& pool, int64_t num_chunks,
 // Threads for a call: `requested` if positive, else the pool's size.
 inline int64_t Workers(xla::ffi::ThreadPool& pool, int32_t requested) {
   return requested > 0 ? requested : std::max<int64_t>(1, pool.num_threads());
+}
+
+// Below this many weight bytes one thread does a whole product: waking a
+// helper costs more than it saves.
+constexpr size_t kMinParallelBytes = 256 * 1024;
+
+// Runs a product's column panels [0, panels) as chunks `run(first, last)`
+// on up to `Workers(pool, threads)` threads: a few chunks per worker, so a
+// worker that starts late still gets a share and none is left with a long
+// tail; one chunk when the weights are fewer than kMinParallelBytes.
+inline void ParallelOverPanels(
+    xla::ffi::ThreadPool& pool, int32_t threads, int64_t panels,
+    size_t weight_bytes, const std::function<void(int64_t, int64_t)>& run) {
+  int64_t workers = Workers(pool, threads);
+  if (weight_bytes < kMinParallelBytes) workers = 1;
+  const int64_t target_chunks = workers == 1 ? 1 : 4 * workers;
+  const int64_t chunk_panels = (panels + target_chunks - 1) / target_chunks;
+  const int64_t num_chunks = (panels + chunk_panels - 1) / chunk_panels;
+  ParallelFor(pool, num_chunks, workers, [&](int64_t chunk) {
+    run(chunk * chunk_panels, std::min(panels, (chunk + 1) * chunk_panels));
+  });
+}
+
+// The code path an FFI call's `isa` attribute names on this CPU (kBest: the
+// widest it has), or an error whose message starts with `op`.
+inline xla::ffi::Error ResolveIsa(const char* op, int32_t attr, Isa* isa) {
+  if (attr < kBest || attr > kAvx512) {
+    return xla::ffi::Error::InvalidArgument(std::string(op) + ": unknown isa");
+  }
+  *isa = attr == kBest ? BestIsa() : static_cast<Isa>(attr);
+  if (!CpuSupports(*isa)) {
+    return xla::ffi::Error::InvalidArgument(
+        std::string(op) + ": this CPU lacks the requested instruction set");
+  }
+  return xla::ffi::Error::Success();
 }
 
 }  // namespace spec_decode
