@@ -20,6 +20,9 @@ costs, and the target's call is as wide as the longest proposal needs:
   * The target's call width is the smallest of a few compiled widths
     (`chunk_widths`) covering every row's g + 1, chosen with `lax.switch`;
     the rule prices each g at the width it would run at.
+  * A row that does not propose at its first iteration never does in that
+    call (`ever_proposes`): when that holds for the prior, the call is a
+    baseline decode and `speculative` runs the baseline's own loop.
 
 Why this stays exact: a row's count is fixed before its draft proposes,
 from tokens already emitted; any count is a valid speculative step
@@ -33,6 +36,7 @@ from typing import Sequence, Tuple
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -68,9 +72,11 @@ class ProposalCosts:
   @classmethod
   def create(cls, iteration_cost: Sequence[float], alpha_prior: float,
              min_gain: float = MIN_GAIN) -> 'ProposalCosts':
-    return cls(iteration_cost=jnp.asarray(iteration_cost, jnp.float32),
-               alpha_prior=jnp.asarray(alpha_prior, jnp.float32),
-               min_gain=jnp.asarray(min_gain, jnp.float32))
+    # NumPy arrays: they reach the device with the call's other arguments,
+    # where three `jnp.asarray` transfers would cost ~1 ms per call.
+    return cls(iteration_cost=np.asarray(iteration_cost, np.float32),
+               alpha_prior=np.asarray(alpha_prior, np.float32),
+               min_gain=np.asarray(min_gain, np.float32))
 
 
 def chunk_widths(max_gamma: int) -> Tuple[int, ...]:
@@ -135,6 +141,26 @@ def choose_counts(alpha: Array, remaining: Array, active: Array,
   pick = lambda table: jnp.take_along_axis(
       jnp.broadcast_to(table, rate.shape), chosen[:, None], axis=1)[:, 0]
   return chosen, pick(tokens), pick(cost)
+
+
+def ever_proposes(costs: ProposalCosts, max_decode_len: int) -> Array:
+  """bool []: whether a row starting a call would propose at all.
+
+  Every row starts from the prior with the whole output to go. A row that
+  proposes nothing observes nothing, so its estimate stays exactly the
+  prior (`update_alpha` pulls it toward itself) while fewer tokens remain,
+  which only removes counts the rule may choose: a row that does not
+  propose at its first iteration never does. Such a call is a baseline
+  decode, and `speculative` runs it as one.
+
+  Args:
+    costs: The measured costs and the prior.
+    max_decode_len: The call's output limit.
+  """
+  counts, _, _ = choose_counts(
+      costs.alpha_prior[None], jnp.full((1,), max_decode_len, jnp.int32),
+      jnp.ones((1,), jnp.bool_), costs)
+  return counts[0] > 0
 
 
 def update_alpha(alpha: Array, beta_sum: Array, beta_count: Array,

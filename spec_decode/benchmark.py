@@ -117,7 +117,7 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
   enc = jnp.asarray(encoder_input_tokens, jnp.int32)
   batch = enc.shape[0]
   config = model.config
-  encoded = _prepare_function(config)(model.params, enc)
+  encoded = _prepare_function(config)(model.device_params, enc)
   cache_steps = max(steps, cache_steps or steps)
   cache = init_cache(config, batch, position + cache_steps * chunk_len + 8)
   run = _decode_steps_function(config)
@@ -125,8 +125,8 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
   start = jnp.full((batch,), position, jnp.int32)
   count = jnp.asarray(steps, jnp.int32)
   prepared = model.decode_kernels
-  return lambda: run(model.params, prepared, tokens, start, cache, encoded,
-                     count)
+  params = model.device_params
+  return lambda: run(params, prepared, tokens, start, cache, encoded, count)
 
 
 def kernel_setting(use_kernel: Union[bool, str]):
@@ -229,8 +229,8 @@ def loop_iteration_seconds(target: Model, draft: Model,
   def decode(count, max_decode_len):
     if count == 0:
       return decoding.baseline_generate(
-          target.config, target.params, enc, rng, max_decode_len, sampling,
-          -1, None, target.decode_kernels)  # -1: never emitted.
+          target.config, target.device_params, enc, rng, max_decode_len,
+          sampling, -1, None, target.decode_kernels)  # -1: never emitted.
     return speculative.speculative_generate(
         target, draft, enc, rng=rng, max_decode_len=max_decode_len,
         sampling=sampling, eos_id=-1, gamma=count, lenience=1.0)

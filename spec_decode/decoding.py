@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from spec_decode import compile as compile_lib
 from spec_decode import partitioning as partitioning_lib
 from spec_decode import sampling as sampling_lib
+from spec_decode.model import EncodedInputs
 from spec_decode.model import init_cache
 from spec_decode.model.model import decode_chunk
 from spec_decode.model.model import prepare_decoding
@@ -131,14 +132,30 @@ def baseline_generate(config, params, encoder_input_tokens, rng,
     A `DecodeResult`.
   """
   with partitioning_lib.active(partitioning):
-    return _baseline_loop(config, params, encoder_input_tokens, rng,
-                          max_decode_len, sampling, eos_id, prepared)
+    encoded = prepare_decoding(config, params, encoder_input_tokens, prepared)
+    return baseline_loop(config, params, prepared, encoded, rng,
+                         max_decode_len, sampling, eos_id)
 
 
-def _baseline_loop(config, params, encoder_input_tokens, rng, max_decode_len,
-                   sampling, eos_id, prepared) -> DecodeResult:
-  batch = encoder_input_tokens.shape[0]
-  encoded = prepare_decoding(config, params, encoder_input_tokens, prepared)
+def baseline_loop(config, params, prepared, encoded: EncodedInputs,
+                  rng: Array, max_decode_len: int, sampling, eos_id
+                  ) -> DecodeResult:
+  """Baseline decoding from the encoder's outputs, inside a jitted caller.
+
+  Args:
+    config: Model config.
+    params: Model parameters.
+    prepared: `Model.decode_kernels`, or None for XLA's dots.
+    encoded: `prepare_decoding`'s outputs for the batch.
+    rng: `jax.random` key (row b samples step i with fold_in(row key b, i)).
+    max_decode_len: Output length.
+    sampling: A `SamplingConfig`.
+    eos_id: End-of-sequence id.
+
+  Returns:
+    A `DecodeResult` (proposal_counts [batch, 1]: every step at 0).
+  """
+  batch = encoded.encoder_mask.shape[0]
   keys = sampling_lib.row_keys(rng, batch)
 
   def cond(state):

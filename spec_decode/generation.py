@@ -119,7 +119,7 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
                        f'{max_gamma!r} with gamma={gamma!r}.')
     max_gamma = validation.check_int('max_gamma', max_gamma, 1)
   if draft is not None:
-    speculative.check_compatible(model, draft)
+    check_compatible(model, draft)
     if gamma != 'auto':
       gamma = validation.check_int('gamma', gamma, 1)
   model, draft, placed_tokens = _place_on_mesh(model, draft, tokens)
@@ -136,14 +136,29 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   return _real_rows(result, tokens.shape[0])
 
 
+def check_compatible(target: Model, draft: Model) -> None:
+  """Raises ValueError unless the draft can propose tokens for the target."""
+  if not isinstance(draft, Model):
+    raise TypeError(f'draft must be a spec_decode.Model or None, got '
+                    f'{type(draft).__name__}.')
+  if draft.config.vocab_size != target.config.vocab_size:
+    raise ValueError(
+        f'draft has vocab_size {draft.config.vocab_size} but the target has '
+        f'{target.config.vocab_size}; they must share a vocabulary.')
+  if draft.eos_id != target.eos_id:
+    raise ValueError(f'draft has eos_id {draft.eos_id} but the target has '
+                     f'{target.eos_id}; they must share a vocabulary.')
+
+
 def _decode(model: Model, draft: Optional[Model], tokens: Any, rng: Array,
             max_decode_len: int, sampling: sampling_lib.SamplingConfig,
             eos_id: int, gamma: int, **options) -> DecodeResult:
   """Baseline decoding when gamma is 0, else speculative with `options`."""
   if not gamma:
-    return decoding.baseline_generate(model.config, model.params, tokens, rng,
-                                      max_decode_len, sampling, eos_id,
-                                      model.partitioning, model.decode_kernels)
+    return decoding.baseline_generate(model.config, model.device_params,
+                                      tokens, rng, max_decode_len, sampling,
+                                      eos_id, model.partitioning,
+                                      model.decode_kernels)
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=gamma, **options)
@@ -225,7 +240,8 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
       sampling=sampling, eos_id=eos_id, gamma=max_gamma,
       proposal_costs=proposal_costs, **options)
   verified = np.asarray(result.verified_positions)
-  betas = np.nan_to_num(np.asarray(result.mean_beta)) * verified
-  costs.record_acceptance(model, draft, sampling, float(np.sum(betas)),
-                          int(np.sum(verified)))
+  if verified.any():  # A call whose rows never proposed observed nothing.
+    betas = np.nan_to_num(np.asarray(result.mean_beta)) * verified
+    costs.record_acceptance(model, draft, sampling, float(np.sum(betas)),
+                            int(np.sum(verified)))
   return result

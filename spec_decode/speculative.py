@@ -19,7 +19,10 @@ free because positions past a row's length are masked and later overwritten.
 The whole call is one jitted function: a `lax.while_loop` over iterations with
 the draft's steps inside it, so no host round trip per token. With
 gamma='auto' the costs and the prior are traced arguments, so one program
-serves every choice.
+serves every choice; a call whose rows would never propose
+(`adaptive.ever_proposes`) runs the baseline's loop inside that program
+(`lax.cond`), so it costs what baseline decoding costs, not a speculative
+loop's iterations that propose nothing.
 """
 
 import functools
@@ -32,6 +35,7 @@ import jax.numpy as jnp
 from spec_decode import adaptive
 from spec_decode import block_verification
 from spec_decode import compile as compile_lib
+from spec_decode import decoding
 from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import drafting
 from spec_decode import partitioning as partitioning_lib
@@ -81,12 +85,41 @@ def _speculative_generate(target_config, draft_config, target_params,
                           proposal_costs=None) -> DecodeResult:
   # The target's rules apply to everything but the draft's own calls.
   with partitioning_lib.active(target_partitioning):
-    return _speculative_loop(
-        target_config, draft_config, target_params, draft_params,
-        target_prepared, draft_prepared, encoder_input_tokens, rng,
-        max_decode_len, sampling, eos_id, gamma, lenience, verification,
-        draft_stop, proposal_costs,
+    target_encoded = prepare_decoding(target_config, target_params,
+                                      encoder_input_tokens, target_prepared)
+    speculate = functools.partial(
+        _speculative_loop, target_config, draft_config, target_params,
+        draft_params, target_prepared, draft_prepared, target_encoded,
+        encoder_input_tokens, rng, max_decode_len, sampling, eos_id, gamma,
+        lenience, verification, draft_stop, proposal_costs,
         functools.partial(partitioning_lib.active, draft_partitioning))
+    if proposal_costs is None:
+      return speculate()
+    # gamma='auto' whose rows would never propose (`adaptive.ever_proposes`)
+    # is a baseline decode: the baseline's own loop then runs, so it costs
+    # what the baseline costs and gives its outputs for the same rng.
+    return jax.lax.cond(
+        adaptive.ever_proposes(proposal_costs, max_decode_len), speculate,
+        functools.partial(_plain_decoding, target_config, target_params,
+                          target_prepared, target_encoded, rng,
+                          max_decode_len, sampling, eos_id, gamma,
+                          proposal_costs))
+
+
+def _plain_decoding(target_config, target_params, target_prepared,
+                    target_encoded, rng, max_decode_len: int,
+                    sampling: SamplingConfig, eos_id, gamma: int,
+                    proposal_costs: adaptive.ProposalCosts) -> DecodeResult:
+  """The baseline's loop, reported as gamma='auto' choosing 0 throughout."""
+  result = decoding.baseline_loop(target_config, target_params,
+                                  target_prepared, target_encoded, rng,
+                                  max_decode_len, sampling, eos_id)
+  steps = result.lengths.astype(jnp.float32)
+  return result.replace(
+      proposal_counts=jnp.pad(result.proposal_counts, ((0, 0), (0, gamma))),
+      predicted_speedup=adaptive.predicted_speedup(
+          steps, steps * proposal_costs.iteration_cost[0]),
+      gamma=gamma)
 
 
 def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
@@ -108,7 +141,7 @@ def _write_rows(array: Array, values: Array, start: Array) -> Array:
 
 def _speculative_loop(target_config, draft_config, target_params,
                       draft_params, target_prepared, draft_prepared,
-                      encoder_input_tokens, rng,
+                      target_encoded, encoder_input_tokens, rng,
                       max_decode_len: int, sampling: SamplingConfig,
                       eos_id: int, gamma: int, lenience: float,
                       verification: str, draft_stop,
@@ -126,8 +159,6 @@ def _speculative_loop(target_config, draft_config, target_params,
   reach = max(gamma, catch_up_widths[-1])
   cache_len = max_decode_len + reach + 2
   buffer_len = max_decode_len + reach + 1
-  target_encoded = prepare_decoding(target_config, target_params,
-                                    encoder_input_tokens, target_prepared)
 
   def encode_for_draft():
     with as_draft():
@@ -316,20 +347,6 @@ def _speculative_loop(target_config, draft_config, target_params,
       gamma=gamma)
 
 
-def check_compatible(target: Model, draft: Model) -> None:
-  """Raises ValueError unless the draft can propose tokens for the target."""
-  if not isinstance(draft, Model):
-    raise TypeError(f'draft must be a spec_decode.Model or None, got '
-                    f'{type(draft).__name__}.')
-  if draft.config.vocab_size != target.config.vocab_size:
-    raise ValueError(
-        f'draft has vocab_size {draft.config.vocab_size} but the target has '
-        f'{target.config.vocab_size}; they must share a vocabulary.')
-  if draft.eos_id != target.eos_id:
-    raise ValueError(f'draft has eos_id {draft.eos_id} but the target has '
-                     f'{target.eos_id}; they must share a vocabulary.')
-
-
 def speculative_generate(target: Model, draft: Model,
                          encoder_input_tokens: Array, *, rng: Array,
                          max_decode_len: int, sampling: SamplingConfig,
@@ -367,8 +384,9 @@ def speculative_generate(target: Model, draft: Model,
   verification, lenience = block_verification.check_verification(
       verification, lenience)
   stop_rule = draft_stop_lib.check_draft_stop(draft_stop, draft_threshold)
-  return _speculative_generate(target.config, draft.config, target.params,
-                               draft.params, encoder_input_tokens, rng,
+  return _speculative_generate(target.config, draft.config,
+                               target.device_params, draft.device_params,
+                               encoder_input_tokens, rng,
                                max_decode_len, sampling, eos_id, gamma,
                                lenience, verification, stop_rule,
                                target.partitioning, draft.partitioning,

@@ -90,6 +90,30 @@ def test_alpha_follows_betas_and_drifts_back_to_the_prior():
                              rtol=1e-6)
 
 
+@pytest.mark.parametrize('verify, c, prior', [
+    ([1.0, 1.05, 1.1, 1.2], 0.05, 0.6), ([1.0, 1.05, 1.1, 1.2], 0.05, 0.1),
+    ([1.0, 2.0, 3.0, 4.0], 0.3, 0.95), ([1.0, 1.3, 2.5, 2.5], 0.05, 0.45),
+    ([1.0, 1.3, 2.5, 2.5], 0.05, 0.7)])
+def test_a_row_that_does_not_propose_at_first_never_does(verify, c, prior):
+  costs_ = _costs(verify, c=c, prior=prior)
+  max_len = 20
+  first, _, _ = adaptive.choose_counts(
+      jnp.asarray([prior], jnp.float32), jnp.asarray([max_len]),
+      jnp.asarray([True]), costs_)
+  assert bool(adaptive.ever_proposes(costs_, max_len)) == (int(first[0]) > 0)
+  if int(first[0]) == 0:
+    # Nothing proposed, nothing observed: the estimate stays the prior
+    # while fewer tokens remain, and the rule keeps choosing 0.
+    alpha = jnp.asarray([prior], jnp.float32)
+    for remaining in range(max_len, 0, -1):
+      counts, _, _ = adaptive.choose_counts(
+          alpha, jnp.asarray([remaining]), jnp.asarray([True]), costs_)
+      assert int(counts[0]) == 0
+      alpha = adaptive.update_alpha(alpha, jnp.zeros(1), jnp.zeros(1, int),
+                                    costs_.alpha_prior)
+      assert float(alpha[0]) == float(costs_.alpha_prior)
+
+
 @pytest.fixture
 def auto_costs(monkeypatch, tmp_path):
   """Measured costs replaced by given ones (no timing in tests); the kept
@@ -135,9 +159,11 @@ def test_greedy_auto_equals_baseline(auto_costs, verify, batch):
   counts = np.asarray(result.proposal_counts)
   assert counts.shape == (batch, costs.DEFAULT_MAX_GAMMA + 1)
   np.testing.assert_array_equal(counts.sum(axis=1), result.target_calls)
-  if verify is DEAR:
+  if verify is DEAR:  # The baseline's own loop ran: the same bits.
     assert counts[:, 1:].sum() == 0
     np.testing.assert_array_equal(result.target_calls, result.lengths)
+    np.testing.assert_array_equal(result.token_logprobs,
+                                  baseline.token_logprobs)
   else:
     assert counts[:, 1:].sum() > 0
   assert np.all(np.isfinite(result.predicted_speedup))
@@ -145,6 +171,32 @@ def test_greedy_auto_equals_baseline(auto_costs, verify, batch):
       result.mean_proposals,
       (counts * np.arange(counts.shape[1])).sum(1) / counts.sum(1),
       rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_auto_that_never_proposes_is_the_baseline(auto_costs):
+  # The rule's first choice is 0 for every row: the call runs the
+  # baseline's own loop, so it gives the baseline's bits for the same rng,
+  # sampled too (greedy: `test_greedy_auto_equals_baseline` with DEAR).
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(4, 7, 512, seed=4)
+  eos = _eos_inside_horizon(target, enc)
+  auto_costs(DEAR, prior=0.9)
+  rng = jax.random.PRNGKey(7)
+  baseline = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos,
+                         rng=rng, temperature=1.0)
+  result = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos,
+                       rng=rng, temperature=1.0, draft=draft, gamma='auto')
+  for field in ('tokens', 'lengths', 'token_logprobs', 'target_calls'):
+    np.testing.assert_array_equal(getattr(result, field),
+                                  getattr(baseline, field), err_msg=field)
+  counts = np.asarray(result.proposal_counts)
+  np.testing.assert_array_equal(counts[:, 0], result.lengths)
+  assert counts[:, 1:].sum() == 0
+  np.testing.assert_array_equal(result.draft_tokens_proposed, 0)
+  np.testing.assert_allclose(result.predicted_speedup, 1.0)
+  assert result.gamma == costs.DEFAULT_MAX_GAMMA
 
 
 def test_one_program_serves_every_choice(auto_costs):
