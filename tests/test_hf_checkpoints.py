@@ -148,6 +148,7 @@ def test_layouts_map_onto_t5x_tree():
       original_hf['encoder.block.1.layer.1.DenseReluDense.wi.weight'].T)
 
 
+@pytest.mark.slow  # Fast-suite time: four gammas on the real checkpoint.
 def test_greedy_speculative_equals_baseline():
   target = _load(LAYOUTS[0])
   draft = truncated_model(target, num_decoder_layers=1)

@@ -70,6 +70,7 @@ def test_mesh_without_t5x_axes_is_refused():
     random_model().shard('data')
 
 
+@pytest.mark.slow  # Fast-suite time; the 8-device suite covers real meshes.
 def test_single_device_mesh_decodes_as_without_one():
   import spec_decode as sd  # pylint: disable=g-import-not-at-top
   model = random_model()
