@@ -73,8 +73,8 @@ def _decode_function(target, draft, enc):
   length = FLAGS.max_decode_len
   if FLAGS.decoder == 'baseline':
     return lambda: decoding.baseline_generate(
-        target.config, target.params, enc, key, length, sampling, -1, None,
-        target.decode_kernels)
+        target.config, target.device_params, enc, key, length, sampling, -1,
+        None, target.decode_kernels)
   costs_arg = None
   if FLAGS.decoder == 'auto_plain':
     # Any proposal would cost 100 steps: every row decodes plainly.

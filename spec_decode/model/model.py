@@ -235,6 +235,7 @@ class Model:
     self._placements: Dict[Any, 'Model'] = {}
     # Per `kernels.product_inputs()` setting.
     self._decode_kernels: Dict[str, Params] = {}
+    self._placed = False  # `device_params` has run.
 
   @property
   def config(self) -> T5Config:
@@ -254,15 +255,16 @@ class Model:
     take.
 
     Checkpoints read into NumPy arrays, and a jitted call converts NumPy
-    arguments at every call (for the shipped pair on a CPU, ~1 ms of each
-    `gamma='auto'` call's dispatch). The placed arrays then stand for
-    `params` too (no second copy in memory). A sharded model's params are
-    placed already.
+    arguments at every call, in its dispatch. The placed arrays then stand
+    for `params` too (no second copy in memory). A sharded model's params
+    are placed already.
     """
-    if self._partitioning is None and any(
-        isinstance(leaf, np.ndarray)
-        for leaf in jax.tree_util.tree_leaves(self._params)):
-      self._params = jax.tree_util.tree_map(jax.device_put, self._params)
+    if not self._placed:
+      if self._partitioning is None and any(
+          isinstance(leaf, np.ndarray)
+          for leaf in jax.tree_util.tree_leaves(self._params)):
+        self._params = jax.tree_util.tree_map(jax.device_put, self._params)
+      self._placed = True
     return self._params
 
   @property
