@@ -5,9 +5,9 @@ r"""gamma='auto' against baseline and every fixed gamma, per emitted token.
 
 Decodes --num_calls inputs (at --batch_size rows each) of each task, greedy
 and at temperature 1, with baseline decoding, each fixed gamma in --gammas
-and gamma='auto', all timed in turn per input (interleaved, medians of
---repeats). Inputs are padded to --input_length so every call has one
-shape: each variant compiles on the first input (untimed, and for 'auto'
+and gamma='auto', all timed in turn per input (interleaved in balanced
+orders, `benchmark.balanced_orders`; medians of --repeats). Inputs are
+padded to --input_length so every call has one shape: each variant compiles on the first input (untimed, and for 'auto'
 that is also where the costs are measured or read), and no later call may
 compile; the slowest of 'auto''s calls over its median, per emitted token
 (beside baseline's, for the machine's own spread), says whether one did.
@@ -115,7 +115,7 @@ def measure(target, draft, enc: np.ndarray, temperature: float
   for index in range(len(calls)):
     timings = benchmark.interleaved_timings(
         {name: run(name, index) for name in variants}, FLAGS.repeats,
-        warmup=1 if index == 0 else 0)
+        warmup=1 if index == 0 else 0, start=index * FLAGS.repeats)
     for name in variants:
       seconds[name].append(benchmark.median(timings[name]))
   tokens = {name: sum(int(np.sum(results[(name, i)].lengths))

@@ -1,7 +1,7 @@
 r"""Where a decoding loop's time goes, op by op, from XLA:CPU's own trace.
 
   python scripts/thunk_profile.py --decoder=speculative --temperature=1
-  python scripts/thunk_profile.py --decoder=auto_plain   # 'auto', no proposals
+  python scripts/thunk_profile.py --decoder=auto --gamma=1  # 'auto''s loop
 
 Decodes one held-out En->De input with the shipped pair to --max_decode_len
 tokens (no EOS, so every run has the same number of iterations), several
@@ -14,10 +14,11 @@ The decoders:
 
   baseline      plain decoding, one target step per iteration;
   speculative   a fixed --gamma, the draft proposing every iteration;
-  auto_plain    gamma='auto' with costs that make every row propose
-                nothing: each iteration is a plain target step inside the
-                speculative loop, so the difference from baseline is that
-                loop's own overhead.
+  auto          gamma='auto''s program at --max_gamma with costs that
+                make every row propose --gamma at every iteration
+                (`adaptive.forced_costs`): against `speculative` at the
+                same --gamma, what its call-width switch, catch-ups and
+                rule cost.
 
 Read the per-iteration figures against each other (same run, same
 machine); absolute times include the tracing's own cost (~1 us per thunk)
@@ -50,10 +51,10 @@ from spec_decode.sampling import SamplingConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('decoder', 'speculative',
-                  ['baseline', 'speculative', 'auto_plain'], 'See above.')
+                  ['baseline', 'speculative', 'auto'], 'See above.')
 flags.DEFINE_float('temperature', 0.0, 'Sampling temperature.')
-flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration (speculative; '
-                     "auto_plain's max_gamma).")
+flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
+flags.DEFINE_integer('max_gamma', 7, "gamma='auto''s largest count (auto).")
 flags.DEFINE_integer('max_decode_len', 48, 'Tokens decoded per run.')
 flags.DEFINE_integer('runs', 5, 'Traced runs (after two untraced ones).')
 flags.DEFINE_integer('top', 25, 'Kinds of thunk printed.')
@@ -75,14 +76,13 @@ def _decode_function(target, draft, enc):
     return lambda: decoding.baseline_generate(
         target.config, target.device_params, enc, key, length, sampling, -1,
         None, target.decode_kernels)
-  costs_arg = None
-  if FLAGS.decoder == 'auto_plain':
-    # Any proposal would cost 100 steps: every row decodes plainly.
-    costs_arg = adaptive.ProposalCosts.create(
-        [1.0] + [100.0] * FLAGS.gamma, 0.5)
+  gamma, costs_arg = FLAGS.gamma, None
+  if FLAGS.decoder == 'auto':
+    gamma = FLAGS.max_gamma
+    costs_arg = adaptive.forced_costs(FLAGS.gamma, FLAGS.max_gamma)
   return lambda: speculative.speculative_generate(
       target, draft, enc, rng=key, max_decode_len=length, sampling=sampling,
-      eos_id=-1, gamma=FLAGS.gamma, lenience=1.0, proposal_costs=costs_arg)
+      eos_id=-1, gamma=gamma, lenience=1.0, proposal_costs=costs_arg)
 
 
 def _self_times(events):

@@ -18,6 +18,7 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
 import jax
 import jax.numpy as jnp
 
+from spec_decode import adaptive
 from spec_decode import compile as compile_lib
 from spec_decode import decoding
 from spec_decode import kernels
@@ -36,14 +37,42 @@ def time_call(fn: Callable[[], Any]) -> float:
   return time.perf_counter() - start
 
 
+def balanced_orders(count: int) -> List[List[int]]:
+  """Orders of `count` variants in which each follows every other equally
+  often (a Williams design: `count` rows, twice that for an odd count).
+
+  A call can run slower right after a different program than after itself
+  (caches hold the last program's data). A fixed order gives each variant
+  the same predecessor every time, which biases the ratios between them;
+  rows taken in turn spread the predecessors evenly.
+  """
+  first, low, high = [0], 1, count - 1
+  while len(first) < count:
+    first.append(low)
+    low += 1
+    if len(first) < count:
+      first.append(high)
+      high -= 1
+  rows = [[(v + shift) % count for v in first] for shift in range(count)]
+  if count % 2:
+    rows += [row[::-1] for row in rows]
+  return rows
+
+
 def interleaved_timings(fns: Mapping[str, Callable[[], Any]], repeats: int,
-                        warmup: int = 1) -> Dict[str, List[float]]:
+                        warmup: int = 1, start: int = 0
+                        ) -> Dict[str, List[float]]:
   """Times several variants in turn after warming each up.
+
+  Each repeat runs every variant once, in the next order of
+  `balanced_orders`, so no variant always follows the same other one.
 
   Args:
     fns: Name -> zero-argument callable returning device arrays.
     repeats: Timed calls per variant.
     warmup: Untimed calls per variant first (compilation).
+    start: The first repeat's row of `balanced_orders` (a caller timing
+      many inputs passes the rows used so far, so they keep rotating).
 
   Returns:
     Name -> list of seconds per call.
@@ -51,10 +80,12 @@ def interleaved_timings(fns: Mapping[str, Callable[[], Any]], repeats: int,
   for fn in fns.values():
     for _ in range(warmup):
       time_call(fn)
+  names = list(fns)
+  orders = balanced_orders(len(names))
   timings = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      timings[name].append(time_call(fn))
+  for repeat in range(repeats):
+    for index in orders[(start + repeat) % len(orders)]:
+      timings[names[index]].append(time_call(fns[names[index]]))
   return timings
 
 
@@ -192,11 +223,14 @@ def loop_iteration_seconds(target: Model, draft: Model,
                            encoder_input_tokens: Any,
                            counts: Sequence[int], repeats: int = 7,
                            length: int = 32,
-                           temperature: float = 1.0) -> Dict[int, float]:
+                           temperature: float = 1.0,
+                           max_gamma: Optional[int] = None
+                           ) -> Dict[int, float]:
   """Seconds one iteration of the decoders' own loops takes, per count.
 
   For each count g (0: baseline decoding; else speculative decoding at
-  gamma g) the probe is decoded to `length` tokens and to a quarter of
+  gamma g, or with `max_gamma`, gamma='auto''s own loop with every row
+  proposing g: its call-width switch, catch-ups and rule included) the probe is decoded to `length` tokens and to a quarter of
   that, with no EOS, so every row runs to the end and the number of
   iterations is the loop's own. (An early EOS would share one program
   between the two, but at a temperature the rows of a batch sample
@@ -214,6 +248,8 @@ def loop_iteration_seconds(target: Model, draft: Model,
     length: Output length of the longer run (>= 8): the longer, the
       smaller the share of the machine's noise in the difference.
     temperature: 0 times greedy decoding's iterations.
+    max_gamma: Time gamma='auto''s program at this max_gamma (the program
+      the rule's choices run in) instead of fixed-gamma programs.
 
   Returns:
     count -> seconds per iteration.
@@ -231,9 +267,15 @@ def loop_iteration_seconds(target: Model, draft: Model,
       return decoding.baseline_generate(
           target.config, target.device_params, enc, rng, max_decode_len,
           sampling, -1, None, target.decode_kernels)  # -1: never emitted.
+    if max_gamma is None:
+      return speculative.speculative_generate(
+          target, draft, enc, rng=rng, max_decode_len=max_decode_len,
+          sampling=sampling, eos_id=-1, gamma=count, lenience=1.0)
+    # One compiled program for every count: the costs are traced.
     return speculative.speculative_generate(
         target, draft, enc, rng=rng, max_decode_len=max_decode_len,
-        sampling=sampling, eos_id=-1, gamma=count, lenience=1.0)
+        sampling=sampling, eos_id=-1, gamma=max_gamma, lenience=1.0,
+        proposal_costs=adaptive.forced_costs(count, max_gamma))
 
   calls = {}
   for count in counts:

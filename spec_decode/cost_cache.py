@@ -19,7 +19,9 @@ CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 # 3: iterations measured with inverse-CDF sampling and without the copies
 #    a conditional used to make of the caches (cheaper than format 2 said),
 #    greedy iterations beside sampled ones.
-CACHE_FORMAT = 3
+# 4: speculative iterations timed in gamma='auto''s own program (its width
+#    switch and catch-ups cost more than a fixed-gamma loop's iteration).
+CACHE_FORMAT = 4
 # The kept acceptance halves its weight past this many positions, so it
 # follows the pair's recent use.
 _ACCEPTANCE_HORIZON = 20000

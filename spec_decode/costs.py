@@ -235,9 +235,9 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
   differenced out (`benchmark.decoder_call_seconds`), on the path decoding
   takes now (the few-row kernel or XLA's dots, `kernels.available()`).
   Then whole iterations of the decoders' own loops
-  (`benchmark.loop_iteration_seconds`): a baseline step and speculative
-  iterations at the counts that fill gamma='auto''s call widths (1, 3, 7):
-  what the in-loop rule weighs.
+  (`benchmark.loop_iteration_seconds`): a baseline step, and iterations of
+  gamma='auto''s program with every row proposing each count that fills
+  one of its call widths (1, 3, 7): what the in-loop rule weighs.
 
   Args:
     target: The target.
@@ -259,10 +259,12 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
   seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
   counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
                         if width > 1)
-  iterations = benchmark.loop_iteration_seconds(target, draft, probe, counts,
-                                                repeats=repeats)
+  # Timed in gamma='auto''s own program, as the rule's choices will run.
+  iterations = benchmark.loop_iteration_seconds(
+      target, draft, probe, counts, repeats=repeats, max_gamma=max_gamma)
   greedy_iterations = benchmark.loop_iteration_seconds(
-      target, draft, probe, counts, repeats=repeats, temperature=0.0)
+      target, draft, probe, counts, repeats=repeats, temperature=0.0,
+      max_gamma=max_gamma)
   verify_seconds = tuple(seconds[('target', k)]
                          for k in range(1, max_gamma + 2))
   # An iteration makes its target call and more: a difference of medians

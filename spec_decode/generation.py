@@ -4,6 +4,7 @@ It validates every argument on the host (so mistakes surface as clear errors
 naming the argument, not as XLA stack traces), then calls the jitted core.
 """
 
+import functools
 from typing import Any, Optional, Tuple, Union
 
 import jax
@@ -225,16 +226,72 @@ def auto_prior(model: Model, draft: Model, temperature: float = 0.0,
   return costs.acceptance_prior(model, draft, sampling)
 
 
+@functools.lru_cache(maxsize=256)
+def _would_propose(iteration_cost: Tuple[float, ...], alpha_prior: float,
+                   min_gain: float, max_decode_len: int) -> bool:
+  """Whether a call's rows would propose at all (`adaptive.ever_proposes`),
+  on the host before the call; computed once per costs and prior, which
+  change only after calls that proposed."""
+  return bool(adaptive.ever_proposes(
+      adaptive.ProposalCosts.create(iteration_cost, alpha_prior, min_gain),
+      max_decode_len))
+
+
+# gamma='auto' calls (by what their programs depend on) whose baseline
+# program is compiled: see `_auto_generate`.
+_BASELINE_READY = set()
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _as_auto_result(result: DecodeResult, max_gamma: int,
+                    proposal_costs: adaptive.ProposalCosts) -> DecodeResult:
+  """A baseline decode reported as gamma='auto' whose rows chose 0 at every
+  iteration: proposal_counts [batch, max_gamma + 1], the rule's predicted
+  speedup of plain steps, gamma = max_gamma."""
+  steps = result.lengths.astype(jnp.float32)
+  return result.replace(
+      proposal_counts=jnp.pad(result.proposal_counts,
+                              ((0, 0), (0, max_gamma))),
+      predicted_speedup=adaptive.predicted_speedup(
+          steps, steps * proposal_costs.iteration_cost[0]),
+      gamma=max_gamma)
+
+
 def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                    max_decode_len: int, sampling, eos_id: int,
                    max_gamma: int, **options) -> DecodeResult:
-  """Speculative decoding whose proposal counts the loop chooses."""
+  """Speculative decoding whose proposal counts the loop chooses.
+
+  A call whose rows would never propose (`adaptive.ever_proposes`) is a
+  baseline decode, so the baseline's own program runs it: the same outputs
+  for the same rng, and a lighter program to dispatch than the speculative
+  one (no draft parameters). The first call that runs the speculative
+  program also compiles the baseline's, so a prior that later falls below
+  the rule's margin never compiles in the middle of a run. (The prior moves
+  only after calls that proposed.)
+  """
   profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
   prior = costs.acceptance_prior(model, draft, sampling)
-  proposal_costs = adaptive.ProposalCosts.create(
-      iteration_cost=[profile.iteration_cost(g, sampling.greedy)
-                      for g in range(max_gamma + 1)],
-      alpha_prior=costs.DEFAULT_ALPHA_PRIOR if prior is None else prior)
+  iteration_cost = tuple(profile.iteration_cost(g, sampling.greedy)
+                         for g in range(max_gamma + 1))
+  alpha_prior = costs.DEFAULT_ALPHA_PRIOR if prior is None else prior
+  proposal_costs = adaptive.ProposalCosts.create(iteration_cost, alpha_prior,
+                                                 adaptive.MIN_GAIN)
+  baseline_args = (model.config, model.device_params, tokens, rng,
+                   max_decode_len, sampling, eos_id, model.partitioning,
+                   model.decode_kernels)
+  if not _would_propose(iteration_cost, alpha_prior, adaptive.MIN_GAIN,
+                        max_decode_len):
+    return _as_auto_result(decoding.baseline_generate(*baseline_args),
+                           max_gamma, proposal_costs)
+  signature = (id(model), id(draft), tokens.shape, max_decode_len, sampling,
+               max_gamma)
+  if signature not in _BASELINE_READY:
+    lowered = decoding.baseline_generate.lower(*baseline_args)
+    lowered.compile()
+    _as_auto_result.lower(lowered.out_info, max_gamma,
+                          proposal_costs).compile()
+    _BASELINE_READY.add(signature)
   result = speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=max_gamma,

@@ -212,6 +212,13 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
            profile.max_gamma + 1, ' / '.join(
                f'{profile.verify_cost(k - 1):.2f}'
                for k in range(1, profile.max_gamma + 2))))
+  counts = [count for count in profile.iteration_counts if count]
+  _log("gamma='auto' weighs whole iterations proposing %s tokens at %s "
+       'baseline steps (T>0; greedy %s)' % (
+           ' / '.join(map(str, counts)),
+           ' / '.join(f'{profile.iteration_cost(g):.2f}' for g in counts),
+           ' / '.join(f'{profile.iteration_cost(g, True):.2f}'
+                      for g in counts)))
   rows = []
   for task in config.tasks:
     for temperature in config.temperatures:

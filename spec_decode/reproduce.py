@@ -176,7 +176,7 @@ def compare_decoders(target: Model, draft: Model,
     shape = np.shape(batch)
     timings = benchmark.interleaved_timings(
         {'baseline': baseline, 'speculative': speculative}, repeats=repeats,
-        warmup=0 if shape in compiled_shapes else 1)
+        warmup=0 if shape in compiled_shapes else 1, start=index * repeats)
     compiled_shapes.add(shape)
     for name in seconds:
       seconds[name] += benchmark.median(timings[name])

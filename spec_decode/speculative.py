@@ -19,10 +19,9 @@ free because positions past a row's length are masked and later overwritten.
 The whole call is one jitted function: a `lax.while_loop` over iterations with
 the draft's steps inside it, so no host round trip per token. With
 gamma='auto' the costs and the prior are traced arguments, so one program
-serves every choice; a call whose rows would never propose
-(`adaptive.ever_proposes`) runs the baseline's loop inside that program
-(`lax.cond`), so it costs what baseline decoding costs, not a speculative
-loop's iterations that propose nothing.
+serves every choice. (A gamma='auto' call whose rows would never propose,
+`adaptive.ever_proposes`, is a baseline decode: `generate` runs the
+baseline's program for it instead of this one.)
 """
 
 import functools
@@ -35,7 +34,6 @@ import jax.numpy as jnp
 from spec_decode import adaptive
 from spec_decode import block_verification
 from spec_decode import compile as compile_lib
-from spec_decode import decoding
 from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import drafting
 from spec_decode import partitioning as partitioning_lib
@@ -87,39 +85,12 @@ def _speculative_generate(target_config, draft_config, target_params,
   with partitioning_lib.active(target_partitioning):
     target_encoded = prepare_decoding(target_config, target_params,
                                       encoder_input_tokens, target_prepared)
-    speculate = functools.partial(
-        _speculative_loop, target_config, draft_config, target_params,
-        draft_params, target_prepared, draft_prepared, target_encoded,
+    return _speculative_loop(
+        target_config, draft_config, target_params, draft_params,
+        target_prepared, draft_prepared, target_encoded,
         encoder_input_tokens, rng, max_decode_len, sampling, eos_id, gamma,
         lenience, verification, draft_stop, proposal_costs,
         functools.partial(partitioning_lib.active, draft_partitioning))
-    if proposal_costs is None:
-      return speculate()
-    # gamma='auto' whose rows would never propose (`adaptive.ever_proposes`)
-    # is a baseline decode: the baseline's own loop then runs, so it costs
-    # what the baseline costs and gives its outputs for the same rng.
-    return jax.lax.cond(
-        adaptive.ever_proposes(proposal_costs, max_decode_len), speculate,
-        functools.partial(_plain_decoding, target_config, target_params,
-                          target_prepared, target_encoded, rng,
-                          max_decode_len, sampling, eos_id, gamma,
-                          proposal_costs))
-
-
-def _plain_decoding(target_config, target_params, target_prepared,
-                    target_encoded, rng, max_decode_len: int,
-                    sampling: SamplingConfig, eos_id, gamma: int,
-                    proposal_costs: adaptive.ProposalCosts) -> DecodeResult:
-  """The baseline's loop, reported as gamma='auto' choosing 0 throughout."""
-  result = decoding.baseline_loop(target_config, target_params,
-                                  target_prepared, target_encoded, rng,
-                                  max_decode_len, sampling, eos_id)
-  steps = result.lengths.astype(jnp.float32)
-  return result.replace(
-      proposal_counts=jnp.pad(result.proposal_counts, ((0, 0), (0, gamma))),
-      predicted_speedup=adaptive.predicted_speedup(
-          steps, steps * proposal_costs.iteration_cost[0]),
-      gamma=gamma)
 
 
 def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:

@@ -1,5 +1,6 @@
 """Shared test helpers: fixture paths, tiny models, statistics."""
 
+import contextlib
 import functools
 import os
 
@@ -30,6 +31,28 @@ FALSE_ALARM_RATE = 1e-3
 if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS',
                                                                 ''):
   collect_ignore = ['sharded']
+
+
+@contextlib.contextmanager
+def decoder_compiles():
+  """Yields the names of the decoders' programs compiled inside the block
+  (read from the persistent compilation cache too: a program loaded from
+  it is still a compile in the middle of a run)."""
+  names = []
+  programs = ('jit(baseline_generate)', 'jit(_speculative_generate)',
+              'jit(_as_auto_result)')
+
+  def listener(event, duration, **kwargs):
+    del duration
+    if (event == '/jax/core/compile/backend_compile_duration'
+        and kwargs.get('fun_name') in programs):
+      names.append(kwargs['fun_name'])
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield names
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
 
 
 def pytest_configure(config):

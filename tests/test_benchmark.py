@@ -1,6 +1,8 @@
 """Timing helpers the cost profile is built from (what they compute, not
 how fast anything is: the clock is replaced by a model of it)."""
 
+import collections
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,33 @@ def test_loop_iterations_are_differenced_over_every_row(temperature,
   assert seconds[0] == pytest.approx(STEP)
   # Speculative: 12 positions over fewer iterations (each emits 1..4).
   assert STEP <= seconds[3] <= 4 * STEP + 1e-12
+
+
+@pytest.mark.parametrize('count', [1, 2, 3, 4, 5])
+def test_each_variant_follows_every_other_equally_often(count):
+  orders = benchmark.balanced_orders(count)
+  assert all(sorted(row) == list(range(count)) for row in orders)
+  follows = collections.Counter(
+      (row[i], row[i + 1]) for row in orders for i in range(count - 1))
+  pairs = [(a, b) for a in range(count) for b in range(count) if a != b]
+  assert set(follows) == set(pairs)
+  assert len(set(follows.values())) <= 1
+
+
+def test_interleaved_timings_rotate_the_order():
+  calls = []
+  fns = {name: (lambda name=name: calls.append(name)) for name in 'abc'}
+  timings = benchmark.interleaved_timings(fns, repeats=6, warmup=1)
+  assert {name: len(seconds) for name, seconds in timings.items()} == {
+      'a': 6, 'b': 6, 'c': 6}
+  timed = calls[3:]  # After one warm-up call each.
+  rows = [timed[i:i + 3] for i in range(0, 18, 3)]
+  assert rows == [[list('abc')[i] for i in row]
+                  for row in benchmark.balanced_orders(3)]
+  # `start` continues the rotation where a previous input left it.
+  calls.clear()
+  benchmark.interleaved_timings(fns, repeats=1, warmup=0, start=7)
+  assert calls == [list('abc')[i] for i in benchmark.balanced_orders(3)[1]]
 
 
 def test_loop_iteration_length_is_checked():
