@@ -7,10 +7,11 @@ Decodes --num_calls inputs (at --batch_size rows each) of each task, greedy
 and at temperature 1, with baseline decoding, each fixed gamma in --gammas
 and gamma='auto', all timed in turn per input (interleaved in balanced
 orders, `benchmark.balanced_orders`; medians of --repeats). Inputs are
-padded to --input_length so every call has one shape: each variant compiles on the first input (untimed, and for 'auto'
-that is also where the costs are measured or read), and no later call may
-compile; the slowest of 'auto''s calls over its median, per emitted token
-(beside baseline's, for the machine's own spread), says whether one did.
+padded to --input_length so every call has one shape: each variant
+compiles on the first input (untimed, and for 'auto' that is also where
+the costs are measured or read), and no later call may compile; the
+slowest of 'auto''s calls over its median, per emitted token (beside
+baseline's, for the machine's own spread), says whether one did.
 
 --source=licenses takes sentences (En->De) and paragraphs (summarize) of
 the license texts Debian ships in /usr/share/common-licenses: legal prose,

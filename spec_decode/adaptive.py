@@ -77,7 +77,7 @@ class ProposalCosts:
   @classmethod
   def create(cls, iteration_cost: Sequence[float], alpha_prior: float,
              min_gain: Optional[float] = None) -> 'ProposalCosts':
-    """min_gain None: `MIN_GAIN`."""
+    """The rule's inputs as arrays; min_gain None reads `MIN_GAIN` now."""
     # NumPy arrays: they reach the device with the call's other arguments
     # instead of as three separate transfers before it, on every call.
     return cls(iteration_cost=np.asarray(iteration_cost, np.float32),

@@ -230,9 +230,10 @@ def loop_iteration_seconds(target: Model, draft: Model,
 
   For each count g (0: baseline decoding; else speculative decoding at
   gamma g, or with `max_gamma`, gamma='auto''s own loop with every row
-  proposing g: its call-width switch, catch-ups and rule included) the probe is decoded to `length` tokens and to a quarter of
-  that, with no EOS, so every row runs to the end and the number of
-  iterations is the loop's own. (An early EOS would share one program
+  proposing g: its call-width switch, catch-ups and rule included) the
+  probe is decoded to `length` tokens and to a quarter of that, with no
+  EOS, so every row runs to the end and the number of iterations is the
+  loop's own. (An early EOS would share one program
   between the two, but at a temperature the rows of a batch sample
   different tokens, so one row's EOS does not stop the others.) All runs
   take turns after warm-up; the difference in time over the difference in

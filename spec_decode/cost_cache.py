@@ -19,8 +19,8 @@ CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 # 3: iterations measured with inverse-CDF sampling and without the copies
 #    a conditional used to make of the caches (cheaper than format 2 said),
 #    greedy iterations beside sampled ones.
-# 4: speculative iterations timed in gamma='auto''s own program (its width
-#    switch and catch-ups cost more than a fixed-gamma loop's iteration).
+# 4: speculative iterations timed in gamma='auto''s own program (the one
+#    its rule's choices run in), not in fixed-gamma loops.
 CACHE_FORMAT = 4
 # The kept acceptance halves its weight past this many positions, so it
 # follows the pair's recent use.
