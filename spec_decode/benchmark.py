@@ -221,19 +221,17 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
 
 def loop_iteration_seconds(target: Model, draft: Model,
                            encoder_input_tokens: Any,
-                           counts: Sequence[int], repeats: int = 7,
-                           length: int = 32,
-                           temperature: float = 1.0,
-                           max_gamma: Optional[int] = None
-                           ) -> Dict[int, float]:
+                           counts: Sequence[int], max_gamma: int,
+                           repeats: int = 7, length: int = 32,
+                           temperature: float = 1.0) -> Dict[int, float]:
   """Seconds one iteration of the decoders' own loops takes, per count.
 
-  For each count g (0: baseline decoding; else speculative decoding at
-  gamma g, or with `max_gamma`, gamma='auto''s own loop with every row
-  proposing g: its call-width switch, catch-ups and rule included) the
-  probe is decoded to `length` tokens and to a quarter of that, with no
-  EOS, so every row runs to the end and the number of iterations is the
-  loop's own. (An early EOS would share one program
+  For each count g (0: baseline decoding; else gamma='auto''s own loop at
+  `max_gamma` with every row proposing g, `adaptive.forced_costs`: the
+  program the rule's choices run in, its call-width switch, catch-ups and
+  rule included) the probe is decoded to `length` tokens and to a quarter
+  of that, with no EOS, so every row runs to the end and the number of
+  iterations is the loop's own. (An early EOS would share one program
   between the two, but at a temperature the rows of a batch sample
   different tokens, so one row's EOS does not stop the others.) All runs
   take turns after warm-up; the difference in time over the difference in
@@ -245,12 +243,11 @@ def loop_iteration_seconds(target: Model, draft: Model,
     draft: The draft.
     encoder_input_tokens: int [batch, enc_len] probe inputs.
     counts: Draft tokens per iteration to measure (0 for baseline).
+    max_gamma: gamma='auto''s largest count (>= every count).
     repeats: Timed runs per count and length.
     length: Output length of the longer run (>= 8): the longer, the
       smaller the share of the machine's noise in the difference.
     temperature: 0 times greedy decoding's iterations.
-    max_gamma: Time gamma='auto''s program at this max_gamma (the program
-      the rule's choices run in) instead of fixed-gamma programs.
 
   Returns:
     count -> seconds per iteration.
@@ -268,10 +265,6 @@ def loop_iteration_seconds(target: Model, draft: Model,
       return decoding.baseline_generate(
           target.config, target.device_params, enc, rng, max_decode_len,
           sampling, -1, None, target.decode_kernels)  # -1: never emitted.
-    if max_gamma is None:
-      return speculative.speculative_generate(
-          target, draft, enc, rng=rng, max_decode_len=max_decode_len,
-          sampling=sampling, eos_id=-1, gamma=count, lenience=1.0)
     # One compiled program for every count: the costs are traced.
     return speculative.speculative_generate(
         target, draft, enc, rng=rng, max_decode_len=max_decode_len,

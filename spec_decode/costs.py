@@ -259,12 +259,11 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
   seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
   counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
                         if width > 1)
-  # Timed in gamma='auto''s own program, as the rule's choices will run.
   iterations = benchmark.loop_iteration_seconds(
-      target, draft, probe, counts, repeats=repeats, max_gamma=max_gamma)
+      target, draft, probe, counts, max_gamma, repeats=repeats)
   greedy_iterations = benchmark.loop_iteration_seconds(
-      target, draft, probe, counts, repeats=repeats, temperature=0.0,
-      max_gamma=max_gamma)
+      target, draft, probe, counts, max_gamma, repeats=repeats,
+      temperature=0.0)
   verify_seconds = tuple(seconds[('target', k)]
                          for k in range(1, max_gamma + 2))
   # An iteration makes its target call and more: a difference of medians

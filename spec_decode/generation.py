@@ -156,13 +156,20 @@ def _decode(model: Model, draft: Optional[Model], tokens: Any, rng: Array,
             eos_id: int, gamma: int, **options) -> DecodeResult:
   """Baseline decoding when gamma is 0, else speculative with `options`."""
   if not gamma:
-    return decoding.baseline_generate(model.config, model.device_params,
-                                      tokens, rng, max_decode_len, sampling,
-                                      eos_id, model.partitioning,
-                                      model.decode_kernels)
+    return decoding.baseline_generate(*_baseline_args(
+        model, tokens, rng, max_decode_len, sampling, eos_id))
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=gamma, **options)
+
+
+def _baseline_args(model: Model, tokens: Any, rng: Array,
+                   max_decode_len: int, sampling: sampling_lib.SamplingConfig,
+                   eos_id: int) -> Tuple[Any, ...]:
+  """`decoding.baseline_generate`'s arguments for `model` (its call and its
+  ahead-of-time compile must see the same ones)."""
+  return (model.config, model.device_params, tokens, rng, max_decode_len,
+          sampling, eos_id, model.partitioning, model.decode_kernels)
 
 
 def _place_on_mesh(model: Model, draft: Optional[Model], tokens: np.ndarray
@@ -277,9 +284,8 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   alpha_prior = costs.DEFAULT_ALPHA_PRIOR if prior is None else prior
   proposal_costs = adaptive.ProposalCosts.create(iteration_cost, alpha_prior,
                                                  adaptive.MIN_GAIN)
-  baseline_args = (model.config, model.device_params, tokens, rng,
-                   max_decode_len, sampling, eos_id, model.partitioning,
-                   model.decode_kernels)
+  baseline_args = _baseline_args(model, tokens, rng, max_decode_len,
+                                 sampling, eos_id)
   if not _would_propose(iteration_cost, alpha_prior, adaptive.MIN_GAIN,
                         max_decode_len):
     return _as_auto_result(decoding.baseline_generate(*baseline_args),

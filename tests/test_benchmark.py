@@ -35,7 +35,7 @@ def test_loop_iterations_are_differenced_over_every_row(temperature,
   draft = random_model(1, vocab_size=256, num_decoder_layers=1)
   seconds = benchmark.loop_iteration_seconds(
       target, draft, random_inputs(4, 8, 256, seed=0), counts=(0, 3),
-      repeats=1, length=16, temperature=temperature)
+      max_gamma=3, repeats=1, length=16, temperature=temperature)
   # Baseline: one position per iteration, so exactly one step.
   assert seconds[0] == pytest.approx(STEP)
   # Speculative: 12 positions over fewer iterations (each emits 1..4).
@@ -71,4 +71,5 @@ def test_interleaved_timings_rotate_the_order():
 
 def test_loop_iteration_length_is_checked():
   with pytest.raises(ValueError, match='length'):
-    benchmark.loop_iteration_seconds(None, None, None, counts=(0,), length=4)
+    benchmark.loop_iteration_seconds(None, None, None, counts=(0,),
+                                     max_gamma=1, length=4)
