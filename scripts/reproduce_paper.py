@@ -14,6 +14,9 @@ r"""Reproduces the paper's tables: one command per table.
   # (counts only, so more inputs and seeds than the timed comparison):
   python scripts/reproduce_paper.py --table=block_gain \
       --gin_file=local/verification.gin
+  # k candidate continuations per row x gamma, against the analysis (+ PNG):
+  python scripts/reproduce_paper.py --table=candidates \
+      --gin_file=local/candidates.gin
   # Any of them with --gin_dry_run prints what would be loaded and stops.
 
 Writes <output_dir>/table<N>.{json,csv,md} and prints the Markdown table.
@@ -30,7 +33,8 @@ from spec_decode import sweeps
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('table', '2',
-                  ['2', '3', 'lenience', 'verification', 'block_gain'],
+                  ['2', '3', 'lenience', 'verification', 'block_gain',
+                   'candidates'],
                   'Which table.')
 flags.DEFINE_multi_string('rows', [],
                           'Table 2: row gin files, or folders of them.')
@@ -56,6 +60,13 @@ VERIFICATION_COLUMNS = [
     'task', 'temperature', 'batch_size', 'verification', 'draft_length',
     'alpha', 'tokens_per_target_call', 'measured_speedup',
     'predicted_speedup_at_lengths', 'identical_rows', 'rows']
+CANDIDATE_COLUMNS = [
+    'task', 'temperature', 'batch_size', 'gamma', 'num_candidates', 'width',
+    'alpha_beta', 'first_token_acceptance', 'accepted_per_target_call',
+    'predicted_tokens_per_call', 'predicted_over_measured_tokens',
+    'seed_tokens_mean', 'seed_tokens_std', 'tokens_per_target_call', 'c',
+    'verify_cost', 'measured_speedup', 'predicted_speedup_candidates',
+    'identical_rows', 'rows']
 BLOCK_GAIN_COLUMNS = [
     'task', 'temperature', 'batch_size', 'draft_length', 'seed', 'token',
     'block', 'block_gain', 'block_gain_std', 'seeds_block_ahead']
@@ -115,6 +126,23 @@ def main(argv):
 
       results = sweeps.verification_comparison(comparison, on_row)
       columns = VERIFICATION_COLUMNS
+    elif FLAGS.table == 'candidates':
+      comparison = gin_utils.build(sweeps.CandidateComparison)
+      print(comparison.describe())
+      if FLAGS.gin_dry_run:
+        return
+      progress = report.Progress('settings', len(comparison.settings()))
+
+      def on_candidates(r):
+        print(f"  {r['task']} T={r['temperature']} batch {r['batch_size']} "
+              f"gamma {r['gamma']} k={r['num_candidates']}: "
+              f"{r['accepted_per_target_call']:.2f} tokens/call (predicted "
+              f"{r['predicted_tokens_per_call']:.2f}), "
+              f"{r['measured_speedup']:.2f}x", flush=True)
+        progress.step()
+
+      results = sweeps.candidate_comparison(comparison, on_candidates)
+      columns = CANDIDATE_COLUMNS
     elif FLAGS.table == 'block_gain':
       comparison = gin_utils.build(sweeps.VerificationComparison)
       print(comparison.describe())
@@ -147,6 +175,9 @@ def main(argv):
   if FLAGS.table == 'verification' and paths:
     paths['png'] = os.path.join(FLAGS.output_dir, 'tableverification.png')
     plot_verification(results, paths['png'])
+  if FLAGS.table == 'candidates' and paths:
+    paths['png'] = os.path.join(FLAGS.output_dir, 'tablecandidates.png')
+    plot_candidates(results, paths['png'])
   print()
   print(report.markdown_table(results, columns))
   print('\nwrote', ', '.join(paths.values()))
@@ -178,6 +209,42 @@ def plot_verification(results, path):
     ax.set_ylabel('measured speedup over baseline')
     ax.set_title(f'batch {batch_size}')
   axes[0][0].legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def plot_candidates(results, path):
+  """Tokens per call (measured and predicted) and measured speedup against
+  k, one line per (task, temperature, gamma), one panel pair per batch."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  batch_sizes = sorted({r['batch_size'] for r in results})
+  fig, axes = plt.subplots(2, len(batch_sizes), figsize=(
+      6 * len(batch_sizes), 7), squeeze=False)
+  lines = sorted({(r['task'], r['temperature'], r['gamma']) for r in results})
+  for column, batch_size in enumerate(batch_sizes):
+    for line in lines:
+      points = sorted((r['num_candidates'], r) for r in results
+                      if (r['task'], r['temperature'], r['gamma']) == line
+                      and r['batch_size'] == batch_size)
+      ks = [k for k, _ in points]
+      label = f'{line[0]} T={line[1]:g} gamma {line[2]}'
+      drawn = axes[0][column].plot(
+          ks, [r['accepted_per_target_call'] for _, r in points], 'o-',
+          label=label)
+      axes[0][column].plot(ks, [r['predicted_tokens_per_call']
+                                for _, r in points], 'x--',
+                           color=drawn[0].get_color())
+      axes[1][column].plot(ks, [r['measured_speedup'] for _, r in points],
+                           'o-', label=label)
+    axes[0][column].set_title(f'batch {batch_size}: tokens per target call '
+                              '(o measured, x predicted)')
+    axes[1][column].axhline(1.0, color='gray', linewidth=0.8)
+    axes[1][column].set_title(f'batch {batch_size}: measured speedup')
+    for row in axes:
+      row[column].set_xlabel('candidates per row (k)')
+  axes[0][0].legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
 

@@ -20,6 +20,10 @@ The decoders:
                 same --gamma, what its call-width switch, catch-ups and
                 rule cost.
 
+`--num_candidates=k` runs `speculative` with k candidates per row
+(`spec_decode.candidates`): against k = 1, what the tree call, the draft's
+k chains and the copies cost.
+
 Read the per-iteration figures against each other (same run, same
 machine); absolute times include the tracing's own cost (~1 us per thunk)
 and move with the host. Also printed: thunks per iteration and how much
@@ -55,6 +59,8 @@ flags.DEFINE_enum('decoder', 'speculative',
 flags.DEFINE_float('temperature', 0.0, 'Sampling temperature.')
 flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
 flags.DEFINE_integer('max_gamma', 7, "gamma='auto''s largest count (auto).")
+flags.DEFINE_integer('num_candidates', 1,
+                     'Candidates per row (speculative).')
 flags.DEFINE_integer('max_decode_len', 48, 'Tokens decoded per run.')
 flags.DEFINE_integer('runs', 5, 'Traced runs (after two untraced ones).')
 flags.DEFINE_integer('top', 25, 'Kinds of thunk printed.')
@@ -82,7 +88,8 @@ def _decode_function(target, draft, enc):
     costs_arg = adaptive.forced_costs(FLAGS.gamma, FLAGS.max_gamma)
   return lambda: speculative.speculative_generate(
       target, draft, enc, rng=key, max_decode_len=length, sampling=sampling,
-      eos_id=-1, gamma=gamma, lenience=1.0, proposal_costs=costs_arg)
+      eos_id=-1, gamma=gamma, lenience=1.0, proposal_costs=costs_arg,
+      num_candidates=FLAGS.num_candidates)
 
 
 def _self_times(events):

@@ -161,8 +161,8 @@ def ops_factor(alpha, gamma, c_hat):
           + _check_gamma(gamma) + 1.0) / expected_tokens(alpha, gamma)
 
 
-def _prefix_tree(dists: Sequence[Any], depth: int, name: str
-                 ) -> list:
+def prefix_distributions(dists: Sequence[Any], depth: int, name: str
+                         ) -> list:
   """Per-prefix distributions as arrays indexed [x_1, ..., x_i, :].
 
   Element i of `dists` is the distribution after a prefix of i tokens:
@@ -191,7 +191,7 @@ def _prefix_tree(dists: Sequence[Any], depth: int, name: str
   return tree
 
 
-def _accepted_given_block(p_path, q_path, block, verification: str) -> float:
+def accepted_given_block(p_path, q_path, block, verification: str) -> float:
   """E[accepted tokens | draft block] under one verification rule."""
   gamma = len(block)
   ratios = [p_path[i][x] / q_path[i][x] for i, x in enumerate(block)]
@@ -222,8 +222,8 @@ def _expected_accepted(p: Sequence[Any], q: Sequence[Any],
   gamma = len(q)
   if gamma < 1:
     raise ValueError('q must hold at least one distribution (gamma >= 1).')
-  q_tree = _prefix_tree(q, gamma, 'q')
-  p_tree = _prefix_tree(p, gamma + 1, 'p')
+  q_tree = prefix_distributions(q, gamma, 'q')
+  p_tree = prefix_distributions(p, gamma + 1, 'p')
   vocab = q_tree[0].shape[-1]
   if p_tree[0].shape[-1] != vocab:
     raise ValueError('p and q must share a vocabulary.')
@@ -233,7 +233,7 @@ def _expected_accepted(p: Sequence[Any], q: Sequence[Any],
     probability = float(np.prod([q_path[i][x] for i, x in enumerate(block)]))
     if probability > 0.0:
       p_path = [p_tree[i][block[:i]] for i in range(gamma + 1)]
-      total += probability * _accepted_given_block(p_path, q_path, block,
+      total += probability * accepted_given_block(p_path, q_path, block,
                                                    verification)
   return total
 
@@ -359,11 +359,27 @@ def summarize_result(results: Union[DecodeResult, Sequence[DecodeResult]]
     results: Speculative `DecodeResult`s (pooled over rows and results).
 
   Returns:
-    `alpha` (empirical), `alpha_beta` (Corollary 3.6) and
-    `tokens_per_target_call`.
+    `alpha` (empirical), `alpha_beta` (Corollary 3.6),
+    `tokens_per_target_call` (emitted: the last call of an output keeps
+    only the tokens up to its end), `accepted_per_target_call` (what the
+    rule accepted, plus the one token every call adds: what
+    `candidate_analysis` predicts), and with several candidates per row
+    `first_token_acceptance` (P_k, averaged over calls; else None).
   """
+  if isinstance(results, DecodeResult):
+    results = [results]
   lengths = _pooled(results, 'lengths').sum()
-  calls = _pooled(results, 'target_calls').sum()
+  calls = _pooled(results, 'target_calls')
+  accepted = _pooled(results, 'draft_tokens_accepted').sum()
+  first = None
+  if all(r.first_token_acceptance is not None for r in results):
+    rates = _pooled(results, 'first_token_acceptance')
+    active = calls > 0
+    first = (float(np.average(rates[active], weights=calls[active]))
+             if active.any() else None)
+  total_calls = max(calls.sum(), 1)
   return {'alpha': empirical_alpha(results),
           'alpha_beta': corollary_alpha(results),
-          'tokens_per_target_call': float(lengths / max(calls, 1))}
+          'tokens_per_target_call': float(lengths / total_calls),
+          'accepted_per_target_call': float(1.0 + accepted / total_calls),
+          'first_token_acceptance': first}

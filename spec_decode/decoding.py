@@ -55,8 +55,13 @@ class DecodeResult:
       over plain steps the in-loop rule expected of its choices (Theorem
       3.8 with the row's running alpha and the measured costs); NaN
       otherwise.
+    first_token_acceptance: float32 [batch] with num_candidates > 1: the
+      chance, averaged over the row's iterations, that one of the k first
+      tokens was accepted (P_k of `candidate_analysis`); None otherwise.
     gamma: Most draft tokens an iteration proposed: the fixed gamma, or
-      max_gamma with gamma='auto' (0: baseline decoding).
+      max_gamma with gamma='auto' (0: baseline decoding); with several
+      candidates, the tokens of each.
+    num_candidates: Candidates per row and iteration (1: one draft).
   """
   tokens: Array
   lengths: Array
@@ -70,7 +75,9 @@ class DecodeResult:
   num_iterations: Array
   proposal_counts: Array
   predicted_speedup: Array
+  first_token_acceptance: Optional[Array] = None
   gamma: int = flax.struct.field(pytree_node=False, default=0)
+  num_candidates: int = flax.struct.field(pytree_node=False, default=1)
 
   @property
   def sequence_logprobs(self) -> Array:

@@ -36,7 +36,8 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
              lenience: float = 1.0,
              verification: str = 'token',
              draft_stop: Optional[str] = None,
-             draft_threshold: Optional[float] = None) -> DecodeResult:
+             draft_threshold: Optional[float] = None,
+             num_candidates: int = 1) -> DecodeResult:
   """Decodes with `model`, speculatively when a `draft` model is given.
 
   Speculative decoding (Leviathan et al. 2023) samples from exactly the
@@ -82,6 +83,13 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
       function of the drafted prefix (details in `spec_decode.draft_stop`).
     draft_threshold: The stop rule's threshold: a probability in (0, 1] for
       'confidence', nats >= 0 for 'entropy'; None without a rule.
+    num_candidates: k >= 1 candidate continuations per row and iteration,
+      all scored in the same single target call (`spec_decode.candidates`):
+      k distinct first tokens, each followed by its own draft chain of
+      gamma - 1 tokens; recursive rejection sampling over the first tokens
+      keeps the output exactly the target's (greedy: equal to baseline).
+      1 (default) is one draft sequence. k > 1 takes a fixed gamma, token
+      verification, lenience 1 and no draft_stop.
 
   Returns:
     A `DecodeResult`.
@@ -123,9 +131,14 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
     check_compatible(model, draft)
     if gamma != 'auto':
       gamma = validation.check_int('gamma', gamma, 1)
+  num_candidates = _check_candidates(num_candidates, draft, gamma,
+                                     verification, lenience, draft_stop,
+                                     config.vocab_size)
   model, draft, placed_tokens = _place_on_mesh(model, draft, tokens)
   options = dict(lenience=lenience, verification=verification,
                  draft_stop=draft_stop, draft_threshold=draft_threshold)
+  if num_candidates > 1:
+    options['num_candidates'] = num_candidates
   if draft is not None and gamma == 'auto':
     result = _auto_generate(
         model, draft, placed_tokens, rng, max_decode_len, sampling, eos_id,
@@ -135,6 +148,28 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
                      sampling, eos_id, gamma if draft is not None else 0,
                      **options)
   return _real_rows(result, tokens.shape[0])
+
+
+def _check_candidates(num_candidates: Any, draft: Optional[Model],
+                      gamma: Union[int, str], verification: str,
+                      lenience: float, draft_stop: Optional[str],
+                      vocab_size: int) -> int:
+  """num_candidates as an int, or an error naming what it conflicts with."""
+  k = validation.check_int('num_candidates', num_candidates, 1)
+  if k == 1:
+    return k
+  conflicts = [(draft is None, 'a draft model'),
+               (gamma == 'auto', 'a fixed integer gamma, not gamma=\'auto\''),
+               (verification != 'token', "verification='token'"),
+               (lenience != 1.0, 'lenience=1.0'),
+               (draft_stop is not None, 'draft_stop=None')]
+  for conflict, needed in conflicts:
+    if conflict:
+      raise ValueError(f'num_candidates={k} needs {needed}.')
+  if k > vocab_size:
+    raise ValueError(f'num_candidates must be <= vocab_size={vocab_size} '
+                     f'(distinct first tokens), got {k}.')
+  return k
 
 
 def check_compatible(target: Model, draft: Model) -> None:

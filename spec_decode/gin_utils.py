@@ -173,7 +173,8 @@ def start_multiprocess() -> None:
 
 
 # Files in a folder of row configs that are not rows themselves.
-NOT_ROWS = ('common.gin', 'table3.gin', 'sweep.gin', 'verification.gin')
+NOT_ROWS = ('common.gin', 'table3.gin', 'sweep.gin', 'verification.gin',
+            'candidates.gin')
 
 
 def row_files(entries: Sequence[str]) -> List[str]:

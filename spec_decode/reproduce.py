@@ -46,6 +46,8 @@ class ComparisonRow:
     verification: 'token' (the paper's rule) or 'block'.
     draft_stop: None, 'confidence' or 'entropy' (draft lengths that adapt).
     draft_threshold: The stop rule's threshold.
+    num_candidates: Candidate continuations per row and iteration
+      (`spec_decode.candidates`); 1 is one draft sequence.
   """
   name: str
   target: specs.ModelSpec
@@ -63,11 +65,13 @@ class ComparisonRow:
   verification: str = 'token'
   draft_stop: Optional[str] = None
   draft_threshold: Optional[float] = None
+  num_candidates: int = 1
 
   def decode_options(self) -> Dict[str, Any]:
     """The speculative-only `generate` options of this row."""
     return {'verification': self.verification, 'draft_stop': self.draft_stop,
-            'draft_threshold': self.draft_threshold}
+            'draft_threshold': self.draft_threshold,
+            'num_candidates': self.num_candidates}
 
   def describe(self) -> str:
     return '\n'.join([

@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from spec_decode import adaptive
 from spec_decode import block_verification
+from spec_decode import candidates
 from spec_decode import compile as compile_lib
 from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import drafting
@@ -69,10 +70,11 @@ class _SpeculativeState:
   proposal_counts: Array  # [batch, gamma + 1] int32 iterations per count
   expected_tokens: Array  # [batch] float32 what the rule expected ...
   expected_cost: Array    # [batch] float32 ... and at what cost (steps)
+  first_accept_sum: Array  # [batch] float32 k candidates: P(some accepted)
 
 
 @functools.partial(compile_lib.decoder_jit,
-                   static_argnums=(0, 1, 6, 7, 9, 10, 11, 12, 13, 14))
+                   static_argnums=(0, 1, 6, 7, 9, 10, 11, 12, 13, 14, 18))
 def _speculative_generate(target_config, draft_config, target_params,
                           draft_params, encoder_input_tokens, rng,
                           max_decode_len: int, sampling: SamplingConfig,
@@ -80,7 +82,8 @@ def _speculative_generate(target_config, draft_config, target_params,
                           verification: str = 'token', draft_stop=None,
                           target_partitioning=None, draft_partitioning=None,
                           target_prepared=None, draft_prepared=None,
-                          proposal_costs=None) -> DecodeResult:
+                          proposal_costs=None,
+                          num_candidates: int = 1) -> DecodeResult:
   # The target's rules apply to everything but the draft's own calls.
   with partitioning_lib.active(target_partitioning):
     target_encoded = prepare_decoding(target_config, target_params,
@@ -90,7 +93,8 @@ def _speculative_generate(target_config, draft_config, target_params,
         target_prepared, draft_prepared, target_encoded,
         encoder_input_tokens, rng, max_decode_len, sampling, eos_id, gamma,
         lenience, verification, draft_stop, proposal_costs,
-        functools.partial(partitioning_lib.active, draft_partitioning))
+        functools.partial(partitioning_lib.active, draft_partitioning),
+        num_candidates)
 
 
 def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
@@ -117,7 +121,7 @@ def _speculative_loop(target_config, draft_config, target_params,
                       eos_id: int, gamma: int, lenience: float,
                       verification: str, draft_stop,
                       proposal_costs: Optional[adaptive.ProposalCosts],
-                      as_draft) -> DecodeResult:
+                      as_draft, num_candidates: int) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
   auto = proposal_costs is not None
   widths = adaptive.chunk_widths(gamma) if auto else (gamma + 1,)
@@ -127,7 +131,7 @@ def _speculative_loop(target_config, draft_config, target_params,
   # max_decode_len + the widest catch-up (the draft) for a row that stopped
   # at max_decode_len, so these sizes keep every dynamic slice in bounds
   # (XLA would otherwise clamp it silently).
-  reach = max(gamma, catch_up_widths[-1])
+  reach = max(gamma * num_candidates, catch_up_widths[-1])
   cache_len = max_decode_len + reach + 2
   buffer_len = max_decode_len + reach + 1
 
@@ -231,6 +235,25 @@ def _speculative_loop(target_config, draft_config, target_params,
     return advance(state, verified, proposed, fed, draft_ran, draft_cache,
                    draft_encoded, expected, cost)
 
+  def candidates_body(state):
+    """One iteration with k candidates per row (`candidates`)."""
+    draft_keys, accept_keys, correction_keys = iteration_keys(state)
+    verified, draft_cache, first_accept = candidates.iterate(
+        candidates.Decoder(target_config, target_params, target_prepared,
+                           target_encoded),
+        candidates.Decoder(draft_config, draft_params, draft_prepared,
+                           state.draft_encoded), as_draft,
+        state.target_cache, state.draft_cache, state.inputs, state.lengths,
+        state.draft_len, ~state.done, (draft_keys, accept_keys,
+                                       correction_keys),
+        catch_up_widths, num_candidates, gamma, sampling)
+    state = state.replace(first_accept_sum=state.first_accept_sum + jnp.where(
+        state.done, 0.0, first_accept))
+    return advance(state, verified, jnp.full((batch,), gamma, jnp.int32),
+                   jnp.full((batch,), gamma - 1, jnp.int32),
+                   jnp.ones((), jnp.bool_), draft_cache, state.draft_encoded,
+                   None, None)
+
   def advance(state, verified, proposed, fed, draft_ran, draft_cache,
               draft_encoded, expected, cost):
     """The state after an iteration: tokens emitted up to EOS or the limit,
@@ -298,8 +321,10 @@ def _speculative_loop(target_config, draft_config, target_params,
       beta_sum=float_zeros, beta_count=zeros,
       alpha=jnp.full((batch,), prior, jnp.float32),
       proposal_counts=jnp.zeros((batch, gamma + 1), jnp.int32),
-      expected_tokens=float_zeros, expected_cost=float_zeros))
-  state = jax.lax.while_loop(cond, body, state)
+      expected_tokens=float_zeros, expected_cost=float_zeros,
+      first_accept_sum=float_zeros))
+  state = jax.lax.while_loop(
+      cond, candidates_body if num_candidates > 1 else body, state)
   return DecodeResult(
       tokens=state.inputs[:, 1:max_decode_len + 1],
       lengths=state.lengths,
@@ -315,7 +340,9 @@ def _speculative_loop(target_config, draft_config, target_params,
       predicted_speedup=(adaptive.predicted_speedup(state.expected_tokens,
                                                     state.expected_cost)
                          if auto else jnp.full((batch,), jnp.nan)),
-      gamma=gamma)
+      first_token_acceptance=(state.first_accept_sum / state.target_calls
+                              if num_candidates > 1 else None),
+      gamma=gamma, num_candidates=num_candidates)
 
 
 def speculative_generate(target: Model, draft: Model,
@@ -325,7 +352,7 @@ def speculative_generate(target: Model, draft: Model,
                          verification: str = 'token', draft_stop=None,
                          draft_threshold=None,
                          proposal_costs: Optional[adaptive.ProposalCosts]
-                         = None) -> DecodeResult:
+                         = None, num_candidates: int = 1) -> DecodeResult:
   """Speculative decoding; call `spec_decode.generate(..., draft=...)`.
 
   `generate` checks every argument first (so its errors name them); here
@@ -348,6 +375,8 @@ def speculative_generate(target: Model, draft: Model,
     draft_threshold: The stop rule's threshold.
     proposal_costs: gamma='auto': the measured costs and the prior the
       in-loop rule reads (`adaptive`); None: every row proposes gamma.
+    num_candidates: k candidates of gamma tokens per row (`candidates`;
+      k > 1 takes a fixed gamma and token verification).
 
   Returns:
     A `DecodeResult` with acceptance statistics.
@@ -362,4 +391,4 @@ def speculative_generate(target: Model, draft: Model,
                                lenience, verification, stop_rule,
                                target.partitioning, draft.partitioning,
                                target.decode_kernels, draft.decode_kernels,
-                               proposal_costs)
+                               proposal_costs, num_candidates)

@@ -1,6 +1,6 @@
-"""Sweeps of one Table 2 row: gamma, batch size, lenience, and the
+"""Sweeps of one Table 2 row: gamma, batch size, lenience, the
 verification comparison (token vs block verification x fixed vs adaptive
-draft length).
+draft length) and several candidates per row.
 
 Each point is a full `reproduce.measure_row`: baseline and speculative
 decoding interleaved after compilation, with the row's own costs.
@@ -11,6 +11,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from spec_decode import benchmark
+from spec_decode import candidate_analysis
 from spec_decode import reproduce
 
 
@@ -240,3 +242,99 @@ def block_gain(comparison: VerificationComparison,
           'seeds_block_ahead': int((gains > 0).sum())})
       per_seed.extend(results)
   return per_seed + summaries
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateComparison:
+  """k candidate continuations per row x gamma, on several rows (tasks x
+  temperatures) and batch sizes (`generate(..., num_candidates=k)`).
+
+  Attributes:
+    rows: The rows to vary (their gamma is replaced by each of `gammas`).
+    batch_sizes: Batch sizes to time.
+    num_candidates: Values of k (1: one draft sequence, the reference).
+    gammas: Tokens per candidate.
+    seeds: Sampling seeds of the counts-only repeat (sampled rows, first
+      batch size): tokens per call seed by seed, for the spread.
+    gain_examples: Inputs per seed in that repeat.
+    gain_batch_size: Rows decoded together there.
+  """
+  rows: Tuple[reproduce.ComparisonRow, ...]
+  batch_sizes: Tuple[int, ...] = (1, 8)
+  num_candidates: Tuple[int, ...] = (1, 2, 4)
+  gammas: Tuple[int, ...] = (1, 3)
+  seeds: Tuple[int, ...] = (0, 1, 2, 3, 4)
+  gain_examples: int = 32
+  gain_batch_size: int = 16
+
+  def describe(self) -> str:
+    return '\n'.join(row.describe() for row in self.rows)
+
+  def settings(self) -> List[reproduce.ComparisonRow]:
+    """Every (row, batch size, gamma, k) to measure."""
+    return [dataclasses.replace(row, batch_size=batch_size, gamma=gamma,
+                                num_candidates=k,
+                                num_examples=max(row.num_examples,
+                                                 2 * batch_size))
+            for row in self.rows for batch_size in self.batch_sizes
+            for gamma in self.gammas for k in self.num_candidates]
+
+
+def candidate_comparison(comparison: CandidateComparison,
+                         on_row: OnRow = None) -> List[Dict[str, Any]]:
+  """Measures every setting of `comparison` against the analysis.
+
+  Each setting is a timed `reproduce.measure_row` (baseline interleaved)
+  with its own costs: c, and the target call at its width 1 + k gamma.
+  Added: `predicted_tokens_per_call` (`candidate_analysis.
+  expected_tokens_per_call` from the measured P_k, or alpha_beta for k = 1,
+  and alpha_beta further along) against `accepted_per_target_call`, and
+  `predicted_speedup_candidates`, those tokens over gamma c plus the
+  call's measured cost (the k-row draft step taken at the cost of one
+  row's). Sampled rows at the first batch size are also counted seed by
+  seed: `seed_tokens_mean` / `seed_tokens_std` of accepted_per_target_call.
+
+  Args:
+    comparison: What to measure.
+    on_row: Called with each result as it is measured.
+
+  Returns:
+    One dict per setting.
+  """
+  results = []
+  for setting in comparison.settings():
+    target, draft = reproduce.load_pair(setting.target, setting.draft,
+                                        setting.mesh)
+    enc, _ = setting.data.load(setting.num_examples)
+    k, gamma = setting.num_candidates, setting.gamma
+    costs = benchmark.measure_costs(
+        target, draft, reproduce.timing_batches(enc, setting.batch_size)[0],
+        k * gamma)
+    result = reproduce.measure_row(setting, costs)
+    first = result['first_token_acceptance']
+    predicted = float(candidate_analysis.expected_tokens_per_call(
+        result['alpha_beta'] if first is None else first,
+        result['alpha_beta'], gamma))
+    result.update(
+        task=setting.data.task, width=1 + k * gamma,
+        predicted_tokens_per_call=predicted,
+        predicted_over_measured_tokens=(
+            predicted / result['accepted_per_target_call']),
+        predicted_speedup_candidates=predicted / (
+            gamma * costs['c'] + costs['verify_cost']))
+    if (setting.temperature > 0 and comparison.seeds
+        and setting.batch_size == comparison.batch_sizes[0]):
+      counts = [reproduce.acceptance(
+          setting.target, setting.draft, setting.data, setting.temperature,
+          gamma=gamma, num_examples=comparison.gain_examples,
+          batch_size=comparison.gain_batch_size,
+          max_decode_len=setting.max_decode_len, seed=seed,
+          decode_options=setting.decode_options()
+      )['accepted_per_target_call'] for seed in comparison.seeds]
+      result.update(seed_tokens_mean=float(np.mean(counts)),
+                    seed_tokens_std=(float(np.std(counts, ddof=1))
+                                     if len(counts) > 1 else 0.0))
+    results.append(result)
+    if on_row is not None:
+      on_row(result)
+  return results

@@ -188,3 +188,55 @@ def test_block_gain_pairs_the_rules_seed_by_seed(monkeypatch):
     np.testing.assert_allclose(summary['block_gain_std'],
                                np.std([0.1, 0.1, 0.0], ddof=1))
     assert summary['seeds_block_ahead'] == 2
+
+
+def test_candidate_comparison_measures_every_setting(monkeypatch):
+  comparison = dataclasses.replace(
+      _build(os.path.join(CONFIGS, 'local', 'candidates.gin'),
+             sweeps.CandidateComparison, monkeypatch), seeds=(0, 1))
+  settings = comparison.settings()
+  # 4 rows x 2 batch sizes x 2 gammas x k in (1, 2, 4).
+  assert len(settings) == 48
+  assert {s.num_candidates for s in settings} == {1, 2, 4}
+  assert all(s.decode_options()['num_candidates'] == s.num_candidates
+             for s in settings)
+  comparison = dataclasses.replace(comparison, rows=comparison.rows[1:2],
+                                   batch_sizes=(1,), gammas=(3,))
+  measured, counted = [], []
+
+  def fake_measure_row(row, costs):
+    measured.append((row.num_candidates, costs))
+    first = None if row.num_candidates == 1 else 0.6
+    return {**row.decode_options(), 'alpha_beta': 0.5,
+            'first_token_acceptance': first,
+            'accepted_per_target_call': 1.8, 'measured_speedup': 0.9}
+
+  def fake_acceptance(target, draft, data, temperature, *, gamma,
+                      num_examples, batch_size, max_decode_len, seed,
+                      decode_options):
+    counted.append((seed, decode_options['num_candidates']))
+    return {'accepted_per_target_call': 1.7 + 0.1 * seed}
+
+  monkeypatch.setattr(reproduce, 'load_pair', lambda *a: (None, None))
+  monkeypatch.setattr(reproduce, 'measure_row', fake_measure_row)
+  monkeypatch.setattr(reproduce, 'acceptance', fake_acceptance)
+  monkeypatch.setattr(sweeps.benchmark, 'measure_costs',
+                      lambda t, d, batch, gamma: {'c': 0.1,
+                                                  'verify_cost': gamma / 6})
+  monkeypatch.setattr(specs.DataSpec, 'load',
+                      lambda self, n: (np.ones((n, 4), np.int32), None))
+  rows = sweeps.candidate_comparison(comparison)
+  assert [r['num_candidates'] for r in rows] == [1, 2, 4]
+  # The target call's cost is measured at the width of k candidates.
+  assert [c['verify_cost'] for _, c in measured] == [3 / 6, 6 / 6, 12 / 6]
+  for row, k in zip(rows, (1, 2, 4)):
+    first = 0.5 if k == 1 else 0.6
+    assert row['width'] == 1 + 3 * k
+    assert row['predicted_tokens_per_call'] == pytest.approx(
+        1 + first * (1 + 0.5 + 0.25))
+    assert row['predicted_speedup_candidates'] == pytest.approx(
+        row['predicted_tokens_per_call'] / (3 * 0.1 + k * 3 / 6))
+    assert row['seed_tokens_mean'] == pytest.approx(1.75)
+    assert row['seed_tokens_std'] == pytest.approx(np.std([1.7, 1.8],
+                                                          ddof=1))
+  assert sorted(counted) == sorted((s, k) for s in (0, 1) for k in (1, 2, 4))

@@ -114,7 +114,8 @@ class RelativePositionBiases(nn.Module):
 
     Args:
       query_positions: int [batch, q_len] absolute positions.
-      key_positions: int [k_len] absolute positions.
+      key_positions: int [k_len] absolute positions, or [batch, k_len] (a
+        tree chunk's keys sit at cache slots that are not their positions).
       bidirectional: Encoder (True) or causal decoder (False) bucketing.
 
     Returns:
@@ -124,13 +125,66 @@ class RelativePositionBiases(nn.Module):
         self, 'rel_embedding',
         nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
         (self.num_heads, self.num_buckets), ('heads', 'relpos_buckets'))
+    if key_positions.ndim == 1:
+      key_positions = key_positions[None, :]
     # [batch, q_len, k_len]
-    relative = key_positions[None, None, :] - query_positions[:, :, None]
+    relative = key_positions[:, None, :] - query_positions[:, :, None]
     buckets = relative_position_bucket_jnp(relative, bidirectional,
                                            self.num_buckets, self.max_distance)
     # [heads, batch, q_len, k_len] -> [batch, heads, q_len, k_len]
     bias = jnp.take(jnp.asarray(table, self.dtype), buckets, axis=1)
     return jnp.transpose(bias, (1, 0, 2, 3))
+
+
+def tree_layout(tree: Tuple[int, int]) -> Tuple[np.ndarray, np.ndarray]:
+  """Depths and ancestry of a chunk [last, k candidates of gamma tokens].
+
+  Args:
+    tree: (k, gamma). Chunk index 0 is the row's last token (depth 0);
+      1 + j * gamma + i is candidate j's token at depth i + 1.
+
+  Returns:
+    int32 [1 + k gamma] depths and bool [1 + k gamma, 1 + k gamma]: whether
+    the query at index a may attend to the key at index b (b is a itself,
+    the last token, or an earlier token of a's own candidate).
+  """
+  k, gamma = tree
+  depth = np.concatenate([[0], np.tile(np.arange(1, gamma + 1), k)])
+  branch = np.concatenate([[-1], np.repeat(np.arange(k), gamma)])
+  sees = ((branch[None, :] == -1)
+          | ((branch[:, None] == branch[None, :])
+             & (depth[None, :] <= depth[:, None])))
+  return depth.astype(np.int32), sees
+
+
+def tree_attention(tree: Tuple[int, int], start: Array, chunk_len: int,
+                   cache_len: int) -> Tuple[Array, Array, Array]:
+  """Positions and visibility for a tree chunk written at slots start[b]...
+
+  Every slot before start[b] holds the row's own earlier tokens at their
+  positions; chunk slot start + c holds a token at position start +
+  depth[c], seen only by its descendants; later slots are never seen.
+
+  Returns:
+    int32 [batch, K] query positions, int32 [batch, cache_len] key positions
+    and bool [batch, K, cache_len] visibility.
+  """
+  depth, sees = tree_layout(tree)
+  if len(depth) != chunk_len:
+    raise ValueError(f'a chunk of tree {tree} holds {len(depth)} tokens, got '
+                     f'{chunk_len}.')
+  slots = jnp.arange(cache_len, dtype=jnp.int32)
+  offset = slots[None, :] - start[:, None]  # [batch, cache_len]
+  in_chunk = (offset >= 0) & (offset < chunk_len)
+  index = jnp.clip(offset, 0, chunk_len - 1)
+  depth = jnp.asarray(depth)
+  key_positions = jnp.where(in_chunk, start[:, None] + depth[index], slots)
+  query_positions = start[:, None] + depth[None, :]
+  # [batch, K, cache_len]
+  visible = ((offset < 0)[:, None, :]
+             | (in_chunk[:, None, :] & jnp.asarray(sees)[:, index].transpose(
+                 1, 0, 2)))
+  return query_positions, key_positions, visible
 
 
 def mask_to_bias(mask: Array, dtype: Any) -> Array:

@@ -170,7 +170,8 @@ def prepare_decoding(config: T5Config, params: Params,
 
 def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
                  cache: DecoderCache, encoded: EncodedInputs,
-                 prepared: Optional[Params] = None
+                 prepared: Optional[Params] = None,
+                 tree: Optional[Tuple[int, int]] = None
                  ) -> Tuple[Array, DecoderCache]:
   """Scores `tokens` [batch, K] at positions start[b]..start[b]+K-1.
 
@@ -183,13 +184,19 @@ def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
     encoded: From `prepare_decoding`.
     prepared: `Model.decode_kernels`: the model's kernels for the few-row
       CPU kernel, or None for XLA's dots.
+    tree: None, or (k, gamma): the chunk is the row's last token then k
+      candidates of gamma tokens, written at slots start[b].. but each
+      candidate scored as if it alone followed the last token
+      (`attention.tree_layout`; `network.move_chunk` then puts the kept
+      one in place).
 
   Returns:
     float32 logits [batch, K, vocab] and the updated cache.
   """
   return Transformer(config).apply(_variables(params, prepared), tokens,
-                                   start, cache, encoded,
+                                   start, cache, encoded, tree=tree,
                                    method=Transformer.decode)
+
 
 
 @functools.partial(jax.jit, static_argnums=0)

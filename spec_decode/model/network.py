@@ -10,7 +10,7 @@ position 0, so there is one decoder code path for scoring, baseline decoding,
 drafting and verification.
 """
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import flax
 import flax.linen as nn
@@ -101,6 +101,29 @@ def write_chunk(cache: Array, chunk: Array, start: Array, axis: int) -> Array:
       lambda c, x, s: jax.lax.dynamic_update_slice_in_dim(c, x, s,
                                                           axis=axis - 1))(
           cache, chunk, start)
+
+
+def move_chunk(cache: DecoderCache, source: Array, destination: Array,
+               size: int) -> DecoderCache:
+  """Copies each row's cache slots source[b] .. + size to destination[b].
+
+  Args:
+    cache: The decoder cache (every layer's keys and values).
+    source: int32 [batch] first slot to copy.
+    destination: int32 [batch] where it goes (slots past the row's length
+      only: the copy is a window, not a shift of the whole row).
+    size: Slots to copy.
+
+  Returns:
+    The cache with the windows copied.
+  """
+  def move(array, axis):
+    window = jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(
+        row, s, size, axis=axis - 1))(array, source)
+    return jax.vmap(lambda row, w, d: jax.lax.dynamic_update_slice_in_dim(
+        row, w, d, axis=axis - 1))(array, window, destination)
+  return DecoderCache(keys=tuple(move(k, 3) for k in cache.keys),
+                      values=tuple(move(v, 2) for v in cache.values))
 
 
 class EncoderLayer(nn.Module):
@@ -241,20 +264,28 @@ class Decoder(nn.Module):
 
   def __call__(self, decoder_input_tokens: Array, start: Array,
                cache: DecoderCache, encoded: EncodedInputs,
-               deterministic: bool = True) -> Tuple[Array, DecoderCache]:
+               deterministic: bool = True,
+               tree: Optional[Tuple[int, int]] = None
+               ) -> Tuple[Array, DecoderCache]:
     cfg = self.config
     dtype = cfg.activation_dtype
     dropout = lambda y: self.dropout(y, deterministic=deterministic)
     y = dropout(self.shared_embedding(decoder_input_tokens).astype(dtype))
     if self.layers:
       chunk_len = decoder_input_tokens.shape[1]
-      # [batch, K] absolute positions of the chunk; [cache_len] of the cache.
-      query_positions = start[:, None] + jnp.arange(chunk_len,
-                                                    dtype=jnp.int32)
-      key_positions = jnp.arange(cache.length, dtype=jnp.int32)
-      causal = key_positions[None, None, :] <= query_positions[:, :, None]
+      if tree is None:
+        # [batch, K] absolute positions of the chunk; [cache_len] of the
+        # cache.
+        query_positions = start[:, None] + jnp.arange(chunk_len,
+                                                      dtype=jnp.int32)
+        key_positions = jnp.arange(cache.length, dtype=jnp.int32)
+        visible = (key_positions[None, None, :]
+                   <= query_positions[:, :, None])
+      else:
+        query_positions, key_positions, visible = attention.tree_attention(
+            tree, start, chunk_len, cache.length)
       # [batch, heads, K, cache_len]
-      self_bias = (attention.mask_to_bias(causal[:, None], dtype)
+      self_bias = (attention.mask_to_bias(visible[:, None], dtype)
                    + self.relpos_bias(query_positions, key_positions,
                                       bidirectional=False))
       # [batch, 1, 1, enc_len]
@@ -304,7 +335,9 @@ class Transformer(nn.Module):
 
   def decode(self, decoder_input_tokens: Array, start: Array,
              cache: DecoderCache, encoded: EncodedInputs,
-             deterministic: bool = True) -> Tuple[Array, DecoderCache]:
+             deterministic: bool = True,
+             tree: Optional[Tuple[int, int]] = None
+             ) -> Tuple[Array, DecoderCache]:
     """Scores a chunk of K tokens per row at per-row positions.
 
     Args:
@@ -316,12 +349,16 @@ class Transformer(nn.Module):
         row rolls back by lowering its start.
       encoded: From `prepare_decoding`.
       deterministic: False drops out (training only).
+      tree: None (a sequence), or (k, gamma): the chunk is a row's last
+        token then k candidates of gamma tokens, each attending only to its
+        own ancestors at the positions of its depth
+        (`attention.tree_layout`).
 
     Returns:
       float32 logits [batch, K, vocab] and the cache with the chunk written.
     """
     return self.decoder(decoder_input_tokens, start, cache, encoded,
-                        deterministic)
+                        deterministic, tree)
 
   def __call__(self, encoder_input_tokens: Array,
                decoder_input_tokens: Array,
