@@ -26,6 +26,7 @@ import os
 
 from absl import flags
 
+from spec_decode import costs
 from spec_decode import gin_utils
 from spec_decode import report
 from spec_decode import reproduce
@@ -64,7 +65,8 @@ CANDIDATE_COLUMNS = [
     'task', 'temperature', 'batch_size', 'gamma', 'num_candidates', 'width',
     'alpha_beta', 'first_token_acceptance', 'accepted_per_target_call',
     'predicted_tokens_per_call', 'predicted_over_measured_tokens',
-    'seed_tokens_mean', 'seed_tokens_std', 'tokens_per_target_call', 'c',
+    'seed_tokens_mean', 'seed_tokens_std', 'seed_predicted_mean',
+    'tokens_per_target_call', 'c',
     'verify_cost', 'measured_speedup', 'predicted_speedup_candidates',
     'identical_rows', 'rows']
 BLOCK_GAIN_COLUMNS = [
@@ -180,6 +182,9 @@ def main(argv):
     plot_candidates(results, paths['png'])
   print()
   print(report.markdown_table(results, columns))
+  # Timings depend on the CPU's vector units: printed beside every table.
+  print('machine: ' + ', '.join(
+      f'{k} {v}' for k, v in costs.machine_description().items()))
   print('\nwrote', ', '.join(paths.values()))
 
 

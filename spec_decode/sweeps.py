@@ -9,6 +9,7 @@ decoding interleaved after compilation, with the row's own costs.
 import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+import jax
 import numpy as np
 
 from spec_decode import benchmark
@@ -280,6 +281,16 @@ class CandidateComparison:
             for gamma in self.gammas for k in self.num_candidates]
 
 
+def _predicted_tokens_per_call(summary: Dict[str, Any], gamma: int
+                               ) -> float:
+  """`candidate_analysis.expected_tokens_per_call` from a run's P_k (alpha
+  for one candidate) and alpha."""
+  first = summary['first_token_acceptance']
+  alpha = summary['alpha_beta']
+  return float(candidate_analysis.expected_tokens_per_call(
+      alpha if first is None else first, alpha, gamma))
+
+
 def candidate_comparison(comparison: CandidateComparison,
                          on_row: OnRow = None) -> List[Dict[str, Any]]:
   """Measures every setting of `comparison` against the analysis.
@@ -292,7 +303,8 @@ def candidate_comparison(comparison: CandidateComparison,
   `predicted_speedup_candidates`, those tokens over gamma c plus the
   call's measured cost (the k-row draft step taken at the cost of one
   row's). Sampled rows at the first batch size are also counted seed by
-  seed: `seed_tokens_mean` / `seed_tokens_std` of accepted_per_target_call.
+  seed: `seed_tokens_mean` / `seed_tokens_std` of accepted_per_target_call,
+  and `seed_predicted_mean`, the prediction from each seed's own counts.
 
   Args:
     comparison: What to measure.
@@ -302,7 +314,17 @@ def candidate_comparison(comparison: CandidateComparison,
     One dict per setting.
   """
   results = []
+  group = None
   for setting in comparison.settings():
+    if (setting.name, setting.batch_size) != group:
+      # A new row or batch size shares no compiled program with the last
+      # (sampling and shapes are static); dropping them keeps the process
+      # under the kernel's limit on memory mappings: XLA:CPU maps each
+      # program's code separately, and the 48 settings' several hundred
+      # programs ended the run with "LLVM compilation error: Cannot
+      # allocate memory" (vm.max_map_count 65530) half way through.
+      jax.clear_caches()
+      group = (setting.name, setting.batch_size)
     target, draft = reproduce.load_pair(setting.target, setting.draft,
                                         setting.mesh)
     enc, _ = setting.data.load(setting.num_examples)
@@ -311,10 +333,7 @@ def candidate_comparison(comparison: CandidateComparison,
         target, draft, reproduce.timing_batches(enc, setting.batch_size)[0],
         k * gamma)
     result = reproduce.measure_row(setting, costs)
-    first = result['first_token_acceptance']
-    predicted = float(candidate_analysis.expected_tokens_per_call(
-        result['alpha_beta'] if first is None else first,
-        result['alpha_beta'], gamma))
+    predicted = _predicted_tokens_per_call(result, gamma)
     result.update(
         task=setting.data.task, width=1 + k * gamma,
         predicted_tokens_per_call=predicted,
@@ -324,16 +343,24 @@ def candidate_comparison(comparison: CandidateComparison,
             gamma * costs['c'] + costs['verify_cost']))
     if (setting.temperature > 0 and comparison.seeds
         and setting.batch_size == comparison.batch_sizes[0]):
-      counts = [reproduce.acceptance(
+      repeats = [reproduce.acceptance(
           setting.target, setting.draft, setting.data, setting.temperature,
           gamma=gamma, num_examples=comparison.gain_examples,
           batch_size=comparison.gain_batch_size,
           max_decode_len=setting.max_decode_len, seed=seed,
-          decode_options=setting.decode_options()
-      )['accepted_per_target_call'] for seed in comparison.seeds]
-      result.update(seed_tokens_mean=float(np.mean(counts)),
-                    seed_tokens_std=(float(np.std(counts, ddof=1))
-                                     if len(counts) > 1 else 0.0))
+          decode_options=setting.decode_options())
+                 for seed in comparison.seeds]
+      counts = [r['accepted_per_target_call'] for r in repeats]
+      # The same prediction from each repeat's own P_k and alpha: ten times
+      # the timed run's inputs, so the closed form is held to less noise.
+      predictions = [_predicted_tokens_per_call(r, gamma) for r in repeats]
+      result.update(
+          seed_tokens_mean=float(np.mean(counts)),
+          seed_tokens_std=(float(np.std(counts, ddof=1))
+                           if len(counts) > 1 else 0.0),
+          seed_predicted_mean=float(np.mean(predictions)),
+          seed_predicted_over_measured=float(
+              np.mean(predictions) / np.mean(counts)))
     results.append(result)
     if on_row is not None:
       on_row(result)

@@ -214,8 +214,11 @@ def test_candidate_comparison_measures_every_setting(monkeypatch):
   def fake_acceptance(target, draft, data, temperature, *, gamma,
                       num_examples, batch_size, max_decode_len, seed,
                       decode_options):
-    counted.append((seed, decode_options['num_candidates']))
-    return {'accepted_per_target_call': 1.7 + 0.1 * seed}
+    k = decode_options['num_candidates']
+    counted.append((seed, k))
+    return {'accepted_per_target_call': 1.7 + 0.1 * seed,
+            'alpha_beta': 0.5,
+            'first_token_acceptance': None if k == 1 else 0.6 + 0.2 * seed}
 
   monkeypatch.setattr(reproduce, 'load_pair', lambda *a: (None, None))
   monkeypatch.setattr(reproduce, 'measure_row', fake_measure_row)
@@ -239,4 +242,8 @@ def test_candidate_comparison_measures_every_setting(monkeypatch):
     assert row['seed_tokens_mean'] == pytest.approx(1.75)
     assert row['seed_tokens_std'] == pytest.approx(np.std([1.7, 1.8],
                                                           ddof=1))
+    # Each seed's prediction from its own P_k and alpha, then their mean.
+    firsts = [0.5, 0.5] if k == 1 else [0.6, 0.8]
+    assert row['seed_predicted_mean'] == pytest.approx(
+        np.mean([1 + f * 1.75 for f in firsts]))
   assert sorted(counted) == sorted((s, k) for s in (0, 1) for k in (1, 2, 4))

@@ -198,7 +198,6 @@ def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
                                    method=Transformer.decode)
 
 
-
 @functools.partial(jax.jit, static_argnums=0)
 def teacher_forced_logits(config: T5Config, params: Params,
                           encoder_input_tokens: Array,
