@@ -153,8 +153,8 @@ def expected_tokens_per_call(first_accept: Any, alpha: Any, gamma: int
   """1 + P_k (1 - alpha^gamma) / (1 - alpha): tokens per target call.
 
   Args:
-    first_accept: P_k (`first_token_acceptance`, or the loop's mean of
-      `DecodeResult.first_accept_probability`).
+    first_accept: P_k (`first_token_acceptance`, or what the loop
+      measured: `DecodeResult.first_token_acceptance`).
     alpha: Acceptance rate at the chain's further positions.
     gamma: Tokens per candidate (>= 1).
 
