@@ -26,7 +26,10 @@ from test_speculative import E2E_LEN
 from test_speculative import MAX_LEN
 
 
-@pytest.mark.parametrize('use_kernel', [True, False])
+# XLA's attention and dots in the slow suite (the fast suite keeps the
+# kernels, the path decoding on one CPU device takes).
+@pytest.mark.parametrize('use_kernel', [
+    True, pytest.param(False, marks=pytest.mark.slow)])
 def test_a_tree_call_scores_each_candidate_as_if_it_alone_followed(
     use_kernel):
   """Each candidate's logits in the tree call are those of a plain chunk of
@@ -92,6 +95,7 @@ def test_greedy_equals_baseline(k, gamma, batch):
   assert np.all((rate >= 0) & (rate <= 1))
 
 
+@pytest.mark.slow
 def test_more_candidates_accept_more_first_tokens_greedy():
   """Greedy: a row accepts its first token whenever any of the draft's k
   most likely tokens is the target's, so tokens per call never drop."""
