@@ -51,6 +51,9 @@ def test_more_partitions_than_devices_is_a_clear_error():
         gamma=2, num_partitions=64)
 
 
+# The script end to end (a subprocess compiling both models): slow suite;
+# the plan's arithmetic is checked fast above.
+@pytest.mark.slow
 def test_script_plans_a_local_row_over_two_partitions(tmp_path):
   env = {k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}
   result = subprocess.run(
