@@ -129,7 +129,7 @@ def _prepare_function(config):
 
 def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
                          chunk_len: int, position: int, steps: int,
-                         cache_steps: Optional[int] = None
+                         cache_length: Optional[int] = None
                          ) -> Callable[[], Any]:
   """A zero-argument callable running `steps` decoder calls of `chunk_len`.
 
@@ -139,8 +139,9 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
     chunk_len: Tokens per row per call.
     position: Decoder position of the first call.
     steps: Calls per run.
-    cache_steps: Size the cache for this many calls (>= steps); callables
-      with equal `cache_steps` share one compiled loop whatever `steps`.
+    cache_length: Cache slots (at least what the calls write); callables
+      with equal `cache_length` and `chunk_len` share one compiled loop
+      whatever `steps`. Default: what the calls write, plus 8.
 
   Returns:
     The callable.
@@ -149,8 +150,11 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
   batch = enc.shape[0]
   config = model.config
   encoded = _prepare_function(config)(model.device_params, enc)
-  cache_steps = max(steps, cache_steps or steps)
-  cache = init_cache(config, batch, position + cache_steps * chunk_len + 8)
+  needed = position + steps * chunk_len
+  if cache_length is not None and cache_length < needed:
+    raise ValueError(f'cache_length {cache_length} is shorter than the '
+                     f'{needed} slots {steps} calls of {chunk_len} write.')
+  cache = init_cache(config, batch, cache_length or needed + 8)
   run = _decode_steps_function(config)
   tokens = jnp.ones((batch, chunk_len), jnp.int32)
   start = jnp.full((batch,), position, jnp.int32)
@@ -188,8 +192,11 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
   Each kind runs inside a compiled while loop, as the decoders make its
   calls, once `steps` times and once twice per timed run; the difference
   over steps - 2 is one call without the per-run dispatch (which a decoding
-  loop pays once per `generate`, not per step). All runs take turns
-  (interleaved, after warm-up), and medians count.
+  loop pays once per `generate`, not per step). Every kind attends a cache
+  of the same length (what the widest kind's calls write), as one decoding
+  loop's calls do whatever their width: a cache sized per kind would charge
+  wide calls for attending more slots. All runs take turns (interleaved,
+  after warm-up), and medians count.
 
   Args:
     variants: Name -> (model, tokens per row per call, the products' path
@@ -203,12 +210,14 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
     Name -> seconds per call.
   """
   calls = {}
+  widest = max(chunk_len for _, chunk_len, _ in variants.values())
+  cache_length = position + steps * widest + 8
   for name, (model, chunk_len, use_kernel) in variants.items():
     with kernel_setting(use_kernel):
       for count in (2, steps):
         calls[(name, count)] = timed_decoder_calls(
             model, encoder_input_tokens, chunk_len, position, count,
-            cache_steps=steps)
+            cache_length=cache_length)
   timings = interleaved_timings(calls, repeats, warmup=1)
   seconds = {}
   for name in variants:

@@ -21,7 +21,9 @@ CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 #    greedy iterations beside sampled ones.
 # 4: speculative iterations timed in gamma='auto''s own program (the one
 #    its rule's choices run in), not in fixed-gamma loops.
-CACHE_FORMAT = 4
+# 5: every width of the K-curve timed over one cache length (the widest
+#    call's), not a cache per width.
+CACHE_FORMAT = 5
 # The kept acceptance halves its weight past this many positions, so it
 # follows the pair's recent use.
 _ACCEPTANCE_HORIZON = 20000

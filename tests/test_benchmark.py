@@ -73,3 +73,31 @@ def test_loop_iteration_length_is_checked():
   with pytest.raises(ValueError, match='length'):
     benchmark.loop_iteration_seconds(None, None, None, counts=(0,),
                                      max_gamma=1, length=4)
+
+
+def test_every_width_of_the_k_curve_attends_one_cache_length(monkeypatch):
+  # One decoding loop's calls attend one cache whatever their width; a
+  # cache sized per width would charge wide calls for attending more slots.
+  lengths = []
+  real_init_cache = benchmark.init_cache
+
+  def recording_init_cache(config, batch, length, *args, **kwargs):
+    lengths.append(length)
+    return real_init_cache(config, batch, length, *args, **kwargs)
+
+  monkeypatch.setattr(benchmark, 'init_cache', recording_init_cache)
+  model = random_model(0, vocab_size=256, num_decoder_layers=1)
+  variants = {width: (model, width, False) for width in (1, 4)}
+  seconds = benchmark.decoder_call_seconds(
+      variants, random_inputs(1, 8, 256, seed=0), repeats=1, steps=3,
+      position=2)
+  assert set(seconds) == {1, 4}
+  assert len(lengths) == 4 and set(lengths) == {2 + 3 * 4 + 8}
+
+
+def test_a_cache_shorter_than_the_calls_write_is_refused():
+  model = random_model(0, vocab_size=256, num_decoder_layers=1)
+  with pytest.raises(ValueError, match='cache_length'):
+    benchmark.timed_decoder_calls(model, random_inputs(1, 8, 256, seed=0),
+                                  chunk_len=4, position=2, steps=3,
+                                  cache_length=13)
