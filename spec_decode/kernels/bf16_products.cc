@@ -368,13 +368,7 @@ ffi::Error Bf16InputMatmul(ffi::ThreadPool pool, Bf16Rows x, Bf16Panels packed,
   thread_local std::vector<float> widened;
   job.x_even = job.x_odd = nullptr;
   if (job.path == PairPath::kBf16 && transpose) {
-    transposed.resize(static_cast<size_t>(m * job.pairs));
-    for (int64_t row = 0; row < m; ++row) {
-      for (int64_t r = 0; r < job.pairs; ++r) {
-        transposed[r * m + row] = job.x[row * job.pairs + r];
-      }
-    }
-    job.x = transposed.data();
+    job.x = DepthMajor(job.x, m, job.pairs, transposed);
   }
   if (job.path != PairPath::kBf16) {
     widened.resize(static_cast<size_t>(m * k));

@@ -481,14 +481,7 @@ ffi::Error FewRowMatmul(ffi::ThreadPool pool, Rows x, ffi::AnyBuffer packed,
   // floats, small beside the weights); it lives until every helper is done
   // (the caller waits).
   thread_local std::vector<float> transposed;
-  job.x = x.typed_data();
-  if (m > 1) {
-    transposed.resize(static_cast<size_t>(m * k));
-    for (int64_t r = 0; r < m; ++r) {
-      for (int64_t d = 0; d < k; ++d) transposed[d * m + r] = job.x[r * k + d];
-    }
-    job.x = transposed.data();
-  }
+  job.x = DepthMajor(x.typed_data(), m, k, transposed);
   job.w = packed.untyped_data();
   job.y = y->typed_data();
   job.m = m;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cpu_features.h"
 #include "xla/ffi/api/ffi.h"
@@ -91,6 +92,19 @@ inline void ParallelOverPanels(
   ParallelFor(pool, num_chunks, workers, [&](int64_t chunk) {
     run(chunk * chunk_panels, std::min(panels, (chunk + 1) * chunk_panels));
   });
+}
+
+// x [rows, depth] as [depth, rows] in `buffer` (so a tile's inputs at one
+// depth are adjacent), or x itself for one row (the same layout).
+template <typename T>
+inline const T* DepthMajor(const T* x, int64_t rows, int64_t depth,
+                           std::vector<T>& buffer) {
+  if (rows <= 1) return x;
+  buffer.resize(static_cast<size_t>(rows * depth));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t d = 0; d < depth; ++d) buffer[d * rows + r] = x[r * depth + d];
+  }
+  return buffer.data();
 }
 
 // The code path an FFI call's `isa` attribute names on this CPU (kBest: the
