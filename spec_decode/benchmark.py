@@ -190,20 +190,24 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
   """Seconds one decoder call takes, for several kinds of call at once.
 
   Each kind runs inside a compiled while loop, as the decoders make its
-  calls, once `steps` times and once twice per timed run; the difference
-  over steps - 2 is one call without the per-run dispatch (which a decoding
-  loop pays once per `generate`, not per step). Every kind attends a cache
-  of the same length (what the widest kind's calls write), as one decoding
-  loop's calls do whatever their width: a cache sized per kind would charge
-  wide calls for attending more slots. All runs take turns (interleaved,
-  after warm-up), and medians count.
+  calls, once for the whole span of positions and once for two calls per
+  timed run; the difference over the calls between is one call without the
+  per-run dispatch (which a decoding loop pays once per `generate`, not per
+  step). Every kind's calls cover the same positions, the widest kind's
+  `steps` calls' span (a kind of K tokens makes `steps * widest / K`
+  calls), in a cache of one length: as in decoding, where a K-token call
+  attends the keys the K one-token calls it replaces attend on average.
+  (The attention kernel skips a cache's masked tail, so a call costs what
+  its position makes it attend; covering different spans per width would
+  charge the wide calls for attending further.) All runs take turns
+  (interleaved, after warm-up), and medians count.
 
   Args:
     variants: Name -> (model, tokens per row per call, the products' path
       as `kernel_setting` takes it).
     encoder_input_tokens: int [batch, enc_len] probe inputs.
     repeats: Timed runs per kind of call.
-    steps: Calls in the longer run (> 2).
+    steps: Calls of the widest kind in the longer run (> 2).
     position: Decoder position of the first call.
 
   Returns:
@@ -211,20 +215,23 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
   """
   calls = {}
   widest = max(chunk_len for _, chunk_len, _ in variants.values())
-  cache_length = position + steps * widest + 8
+  span = steps * widest
+  cache_length = position + span + 8
+  counts = {}
   for name, (model, chunk_len, use_kernel) in variants.items():
+    counts[name] = span // chunk_len
     with kernel_setting(use_kernel):
-      for count in (2, steps):
+      for count in (2, counts[name]):
         calls[(name, count)] = timed_decoder_calls(
             model, encoder_input_tokens, chunk_len, position, count,
             cache_length=cache_length)
   timings = interleaved_timings(calls, repeats, warmup=1)
   seconds = {}
   for name in variants:
-    long = median(timings[(name, steps)])
+    long = median(timings[(name, counts[name])])
     short = median(timings[(name, 2)])
     # Clamped: noise must not make a call free.
-    seconds[name] = max(long - short, 0.05 * long) / (steps - 2)
+    seconds[name] = max(long - short, 0.05 * long) / (counts[name] - 2)
   return seconds
 
 

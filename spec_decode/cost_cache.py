@@ -23,7 +23,10 @@ CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 #    its rule's choices run in), not in fixed-gamma loops.
 # 5: every width of the K-curve timed over one cache length (the widest
 #    call's), not a cache per width.
-CACHE_FORMAT = 5
+# 6: every width's calls cover the same positions (the attention kernel
+#    skips the masked tail of the cache, so a call costs what its position
+#    makes it attend).
+CACHE_FORMAT = 6
 # The kept acceptance halves its weight past this many positions, so it
 # follows the pair's recent use.
 _ACCEPTANCE_HORIZON = 20000

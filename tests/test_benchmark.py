@@ -75,17 +75,28 @@ def test_loop_iteration_length_is_checked():
                                      max_gamma=1, length=4)
 
 
-def test_every_width_of_the_k_curve_attends_one_cache_length(monkeypatch):
-  # One decoding loop's calls attend one cache whatever their width; a
-  # cache sized per width would charge wide calls for attending more slots.
-  lengths = []
+def test_every_width_of_the_k_curve_covers_the_same_positions(monkeypatch):
+  # One decoding loop's calls attend one cache whatever their width, and a
+  # K-token call replaces K one-token calls at the same positions: each
+  # width makes as many calls as cover the widest width's span, in one
+  # cache. Different spans would charge the wide calls for attending
+  # further (the kernel skips the cache's masked tail).
+  lengths, runs = [], []
   real_init_cache = benchmark.init_cache
+  real_timed_calls = benchmark.timed_decoder_calls
 
   def recording_init_cache(config, batch, length, *args, **kwargs):
     lengths.append(length)
     return real_init_cache(config, batch, length, *args, **kwargs)
 
+  def recording_timed_calls(model, inputs, chunk_len, position, steps,
+                            **kwargs):
+    runs.append((chunk_len, position, steps))
+    return real_timed_calls(model, inputs, chunk_len, position, steps,
+                            **kwargs)
+
   monkeypatch.setattr(benchmark, 'init_cache', recording_init_cache)
+  monkeypatch.setattr(benchmark, 'timed_decoder_calls', recording_timed_calls)
   model = random_model(0, vocab_size=256, num_decoder_layers=1)
   variants = {width: (model, width, False) for width in (1, 4)}
   seconds = benchmark.decoder_call_seconds(
@@ -93,6 +104,7 @@ def test_every_width_of_the_k_curve_attends_one_cache_length(monkeypatch):
       position=2)
   assert set(seconds) == {1, 4}
   assert len(lengths) == 4 and set(lengths) == {2 + 3 * 4 + 8}
+  assert sorted(runs) == [(1, 2, 2), (1, 2, 12), (4, 2, 2), (4, 2, 3)]
 
 
 def test_a_cache_shorter_than_the_calls_write_is_refused():

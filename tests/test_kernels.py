@@ -328,6 +328,34 @@ def test_attention_positions_do_not_depend_on_each_other(isa):
 
 
 @built
+@pytest.mark.parametrize('isa', ISAS)
+def test_a_masked_tail_of_the_cache_changes_no_bit(isa):
+  # A decoder's cache is allocated for the whole output; the slots past what
+  # a query may see are masked (-1e10) and skipped. The result must be the
+  # bits of attending to the visible prefix alone, with a mask inside the
+  # prefix (a candidate tree's) attended as any key.
+  query, key, value, bias = _attention_operands(2, 4, 3, 8, 33,
+                                                (2, 3, 4, 33), 14)
+  bias = np.random.RandomState(15).randn(*bias.shape).astype(np.float32)
+  visible = np.array([[5, 9, 9, 20], [1, 2, 3, 33]])  # Keys [0, n) per query.
+  for b in range(2):
+    for p in range(4):
+      bias[b, :, p, visible[b, p]:] += -1e10
+  bias[1, :, 3, 10] += -1e10  # Masked inside the prefix.
+  # Stale slots past every query of row 0 may hold anything.
+  key[0, ..., 21:] = 1e30
+  value[0, :, 21:] = 1e30
+  got = _attention(query, key, value, bias, isa=isa)
+  for b in range(2):
+    for p in range(4):
+      n = visible[b, p]
+      alone = _attention(query[b:b + 1, p:p + 1], key[b:b + 1, ..., :n],
+                         value[b:b + 1, :, :n], bias[b:b + 1, :, p:p + 1, :n],
+                         isa=isa)
+      np.testing.assert_array_equal(got[b, p], alone[0, 0])
+
+
+@built
 def test_attention_bad_operands_name_themselves():
   query, key, value, bias = map(jnp.asarray, _attention_operands(
       1, 2, 2, 4, 5, (1, 2, 2, 5), 13))

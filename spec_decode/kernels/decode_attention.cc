@@ -21,6 +21,18 @@
 // the same bits. The semantics are T5's: no 1/sqrt(d) scaling (folded into
 // the initialisation), an additive bias (masks as -1e10, relative
 // positions), float32 throughout.
+//
+// Keys past the last one an item may see are skipped: a decoder's cache is
+// allocated for the whole output (plus the draft's reach) and a query sees
+// only the slots written so far, the rest masked by a bias of -1e10. Such a
+// key's weight is exactly 0 (its logit is ~1e10 below the peak, and `Exp`
+// is 0 below -87.3), it adds exactly 0 to the softmax sum and, through a
+// fused multiply-add by 0, nothing to the output: skipping the masked tail
+// gives the same bits as attending to it, and attention costs what the
+// written prefix costs instead of what the allocation does. Only a tail is
+// skipped (masks inside it, as in a candidate tree, are attended as any
+// key), and an item whose keys are all masked attends to all of them (T5X's
+// uniform weights).
 
 #include <algorithm>
 #include <cmath>
@@ -66,17 +78,31 @@ inline float Exp(float x) {
   return x < -87.3f ? 0.0f : p * scale;
 }
 
-// One item: query [D] over keys [D][L] and values [L][D] with bias [L].
-// `scratch` holds L floats. Inlined into each instruction set's wrapper,
-// which the compiler vectorises for that target.
+// A key whose bias is at most this is masked (T5X masks with -1e10; a
+// relative-position bias or a logit q.k never comes near 5e9).
+constexpr float kMaskedBelow = -5e9f;
+
+// Keys [0, n) an item attends to: up to its last unmasked key, or all of
+// them where every key is masked.
+inline int64_t AttendedLength(const float* bias, int64_t length) {
+  int64_t n = length;
+  while (n > 0 && bias[n - 1] <= kMaskedBelow) --n;
+  return n == 0 ? length : n;
+}
+
+// One item: query [D] over the first `length` keys of keys [D][stride] and
+// values [length][D] with bias [length]. `scratch` holds `length` floats.
+// Inlined into each instruction set's wrapper, which the compiler
+// vectorises for that target.
 __attribute__((always_inline)) inline void AttendItem(
     const float* __restrict query, const float* __restrict keys,
     const float* __restrict values, const float* __restrict bias, int64_t depth,
-    int64_t length, float* __restrict scratch, float* __restrict out) {
+    int64_t length, int64_t stride, float* __restrict scratch,
+    float* __restrict out) {
   for (int64_t l = 0; l < length; ++l) scratch[l] = 0.0f;
   for (int64_t d = 0; d < depth; ++d) {
     const float q = query[d];
-    const float* key_row = keys + d * length;
+    const float* key_row = keys + d * stride;
     for (int64_t l = 0; l < length; ++l) {
       scratch[l] = std::fma(q, key_row[l], scratch[l]);
     }
@@ -100,27 +126,29 @@ __attribute__((always_inline)) inline void AttendItem(
 }
 
 using ItemFn = void (*)(const float*, const float*, const float*, const float*,
-                        int64_t, int64_t, float*, float*);
+                        int64_t, int64_t, int64_t, float*, float*);
 
 void AttendItemPortable(const float* query, const float* keys,
                         const float* values, const float* bias, int64_t depth,
-                        int64_t length, float* scratch, float* out) {
-  AttendItem(query, keys, values, bias, depth, length, scratch, out);
+                        int64_t length, int64_t stride, float* scratch,
+                        float* out) {
+  AttendItem(query, keys, values, bias, depth, length, stride, scratch, out);
 }
 
 #if SD_X86
 SD_TARGET_AVX2 void AttendItemAvx2(const float* query, const float* keys,
                                    const float* values, const float* bias,
                                    int64_t depth, int64_t length,
-                                   float* scratch, float* out) {
-  AttendItem(query, keys, values, bias, depth, length, scratch, out);
+                                   int64_t stride, float* scratch, float* out) {
+  AttendItem(query, keys, values, bias, depth, length, stride, scratch, out);
 }
 
 SD_TARGET_AVX512 void AttendItemAvx512(const float* query, const float* keys,
                                        const float* values, const float* bias,
                                        int64_t depth, int64_t length,
-                                       float* scratch, float* out) {
-  AttendItem(query, keys, values, bias, depth, length, scratch, out);
+                                       int64_t stride, float* scratch,
+                                       float* out) {
+  AttendItem(query, keys, values, bias, depth, length, stride, scratch, out);
 }
 #endif
 
@@ -197,8 +225,9 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, Heads query, Heads keys,
                        (bias_positions == 1 ? 0 : p)) *
                           length;
       item_fn(q + item * depth, k + bh * depth * length,
-              v + bh * length * depth, bias_row, depth, length,
-              scratch.data(), o + item * depth);
+              v + bh * length * depth, bias_row, depth,
+              AttendedLength(bias_row, length), length, scratch.data(),
+              o + item * depth);
     }
   });
   return ffi::Error::Success();
