@@ -271,9 +271,9 @@ def auto_prior(model: Model, draft: Model, temperature: float = 0.0,
 @functools.lru_cache(maxsize=256)
 def _would_propose(iteration_cost: Tuple[float, ...], alpha_prior: float,
                    min_gain: float, max_decode_len: int) -> bool:
-  """Whether a call's rows would propose at all (`adaptive.ever_proposes`),
-  on the host before the call; computed once per costs and prior, which
-  change only after calls that proposed."""
+  """Whether a call's rows would propose at all (`adaptive.ever_proposes`,
+  one small compiled program), before the call; asked once per costs and
+  prior, which change only after calls that proposed."""
   return bool(adaptive.ever_proposes(
       adaptive.ProposalCosts.create(iteration_cost, alpha_prior, min_gain),
       max_decode_len))

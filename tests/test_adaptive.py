@@ -110,6 +110,17 @@ def test_alpha_follows_betas_and_drifts_back_to_the_prior():
                              rtol=1e-6)
 
 
+def test_asking_whether_a_call_proposes_compiles_once():
+  # `generate` asks before every gamma='auto' call, with a prior that moves
+  # after each call that proposed: one compiled program, not a dozen eager
+  # ops waited for one by one (~3 ms a call).
+  adaptive.ever_proposes(_costs([1.0, 1.05], c=0.05, prior=0.3), 20)
+  before = adaptive.ever_proposes._cache_size()
+  for prior, max_len in ((0.4, 20), (0.9, 48), (0.1, 7)):
+    adaptive.ever_proposes(_costs([1.0, 1.05], c=0.05, prior=prior), max_len)
+  assert adaptive.ever_proposes._cache_size() == before
+
+
 @pytest.mark.parametrize('verify, c, prior', [
     ([1.0, 1.05, 1.1, 1.2], 0.05, 0.6), ([1.0, 1.05, 1.1, 1.2], 0.05, 0.1),
     ([1.0, 2.0, 3.0, 4.0], 0.3, 0.95), ([1.0, 1.3, 2.5, 2.5], 0.05, 0.45),
