@@ -11,6 +11,7 @@ from scipy import stats
 
 import spec_decode as sd
 from spec_decode import adaptive
+from spec_decode import cost_cache
 from spec_decode import costs
 
 # ../shared/fixtures relative to the project root: ground truth computed by
@@ -31,6 +32,22 @@ FALSE_ALARM_RATE = 1e-3
 if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS',
                                                                 ''):
   collect_ignore = ['sharded']
+
+
+@pytest.fixture(autouse=True, scope='session')
+def _own_cost_cache(tmp_path_factory):
+  """gamma='auto' keeps measured costs and each pair's acceptance in a file
+  (`cost_cache`); tests keep theirs apart from the user's, so a local run
+  neither reads what the user's decoding measured nor moves its priors (as
+  in CI, where no such file exists)."""
+  variable = cost_cache.CACHE_DIR_ENV
+  before = os.environ.get(variable)
+  os.environ[variable] = str(tmp_path_factory.mktemp('cost_cache'))
+  yield
+  if before is None:
+    os.environ.pop(variable, None)
+  else:
+    os.environ[variable] = before
 
 
 @contextlib.contextmanager
