@@ -329,6 +329,18 @@ def test_attention_positions_do_not_depend_on_each_other(isa):
 
 @built
 @pytest.mark.parametrize('isa', ISAS)
+@pytest.mark.parametrize('depth,k_len', [(1, 1), (3, 7), (13, 129),
+                                         (64, 56), (64, 112), (80, 65)])
+def test_every_code_path_attends_with_the_same_bits(isa, depth, k_len):
+  # The vector paths hold the sums in registers and mask the tails; each
+  # logit and output element must still be the portable path's chain.
+  operands = _attention_operands(2, 3, 2, depth, k_len, (2, 2, 3, k_len), 16)
+  np.testing.assert_array_equal(_attention(*operands, isa=isa),
+                                _attention(*operands, isa=1))
+
+
+@built
+@pytest.mark.parametrize('isa', ISAS)
 def test_a_masked_tail_of_the_cache_changes_no_bit(isa):
   # A decoder's cache is allocated for the whole output; the slots past what
   # a query may see are masked (-1e10) and skipped. The result must be the

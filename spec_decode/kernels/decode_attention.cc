@@ -62,7 +62,9 @@ inline float Exp(float x) {
   // Round to the nearest integer by the 1.5 * 2^23 trick: exact for
   // |v| < 2^22, and the same in every lane and every path.
   const float shift = 12582912.0f;
-  const float n = (clamped * 1.44269504088896341f + shift) - shift;
+  // One fused multiply-add, written out: left to the compiler, a * b + c
+  // may be contracted on one path and not on another.
+  const float n = std::fma(clamped, 1.44269504088896341f, shift) - shift;
   float r = std::fma(n, -0.693359375f, clamped);
   r = std::fma(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
@@ -143,12 +145,166 @@ SD_TARGET_AVX2 void AttendItemAvx2(const float* query, const float* keys,
   AttendItem(query, keys, values, bias, depth, length, stride, scratch, out);
 }
 
+// AVX-512: the same arithmetic per element as `AttendItem` (each logit a
+// fused multiply-add chain over d from 0, each output a chain over l from
+// 0, the sum in l order), with the chains of up to 4 vectors held in
+// registers and masked loads for the tails. Compiled as plain C++ the
+// chains round-trip through memory at every step and each row's tail of
+// fewer than 16 keys runs scalar: a 112-key item took ~1 us of ~0.15 us
+// of multiply-adds.
+inline __mmask16 SD_TARGET_AVX512 TailMask(int64_t remaining) {
+  return remaining >= 16 ? static_cast<__mmask16>(0xFFFF)
+                         : static_cast<__mmask16>((1u << remaining) - 1u);
+}
+
+// scratch[l0 .. l0 + 16 * kVectors) (masked at `length`) = q . keys + bias.
+template <int kVectors>
+SD_TARGET_AVX512 inline void LogitsBlock(const float* query, const float* keys,
+                                         const float* bias, int64_t depth,
+                                         int64_t length, int64_t stride,
+                                         int64_t l0, float* scratch) {
+  __mmask16 mask[kVectors];
+  __m512 acc[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    mask[v] = TailMask(length - l0 - 16 * v);
+    acc[v] = _mm512_setzero_ps();
+  }
+  for (int64_t d = 0; d < depth; ++d) {
+    const __m512 q = _mm512_set1_ps(query[d]);
+    const float* row = keys + d * stride + l0;
+    for (int v = 0; v < kVectors; ++v) {
+      acc[v] = _mm512_fmadd_ps(q, _mm512_maskz_loadu_ps(mask[v], row + 16 * v),
+                               acc[v]);
+    }
+  }
+  for (int v = 0; v < kVectors; ++v) {
+    const int64_t l = l0 + 16 * v;
+    _mm512_mask_storeu_ps(
+        scratch + l, mask[v],
+        _mm512_add_ps(acc[v], _mm512_maskz_loadu_ps(mask[v], bias + l)));
+  }
+}
+
+// out[d0 .. d0 + 16 * kVectors) (masked at `depth`) = sum_l w[l] value[l].
+template <int kVectors>
+SD_TARGET_AVX512 inline void OutputBlock(const float* weights,
+                                         const float* values, int64_t depth,
+                                         int64_t length, int64_t d0,
+                                         float* out) {
+  __mmask16 mask[kVectors];
+  __m512 acc[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    mask[v] = TailMask(depth - d0 - 16 * v);
+    acc[v] = _mm512_setzero_ps();
+  }
+  for (int64_t l = 0; l < length; ++l) {
+    const __m512 w = _mm512_set1_ps(weights[l]);
+    const float* row = values + l * depth + d0;
+    for (int v = 0; v < kVectors; ++v) {
+      acc[v] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(mask[v], row + 16 * v),
+                               acc[v]);
+    }
+  }
+  for (int v = 0; v < kVectors; ++v) {
+    _mm512_mask_storeu_ps(out + d0 + 16 * v, mask[v], acc[v]);
+  }
+}
+
+// `Exp` on 16 lanes: the same operations in the same order per lane.
+SD_TARGET_AVX512 inline __m512 ExpAvx512(__m512 x) {
+  const __m512 floor = _mm512_set1_ps(-87.3f);
+  // (floor > x ? floor : x), as std::max(x, floor).
+  const __m512 clamped = _mm512_max_ps(floor, x);
+  const __m512 shift = _mm512_set1_ps(12582912.0f);
+  const __m512 n = _mm512_sub_ps(
+      _mm512_fmadd_ps(clamped, _mm512_set1_ps(1.44269504088896341f), shift),
+      shift);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), clamped);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r),
+                    _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(
+      _mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  const __m512 value = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, floor, _CMP_LT_OQ);
+  return _mm512_mask_blend_ps(underflow, value, _mm512_setzero_ps());
+}
+
+// Calls block<1..4> over [0, extent) in steps of 64.
+template <template <int> class Block, typename... Args>
+SD_TARGET_AVX512 inline void OverBlocks(int64_t extent, Args... args) {
+  for (int64_t start = 0; start < extent; start += 64) {
+    const int64_t vectors = std::min<int64_t>(4, (extent - start + 15) / 16);
+    if (vectors == 4) {
+      Block<4>::Run(start, args...);
+    } else if (vectors == 3) {
+      Block<3>::Run(start, args...);
+    } else if (vectors == 2) {
+      Block<2>::Run(start, args...);
+    } else {
+      Block<1>::Run(start, args...);
+    }
+  }
+}
+
+template <int kVectors>
+struct Logits {
+  SD_TARGET_AVX512 static void Run(int64_t l0, const float* query,
+                                   const float* keys, const float* bias,
+                                   int64_t depth, int64_t length,
+                                   int64_t stride, float* scratch) {
+    LogitsBlock<kVectors>(query, keys, bias, depth, length, stride, l0,
+                          scratch);
+  }
+};
+
+template <int kVectors>
+struct Output {
+  SD_TARGET_AVX512 static void Run(int64_t d0, const float* weights,
+                                   const float* values, int64_t depth,
+                                   int64_t length, float* out) {
+    OutputBlock<kVectors>(weights, values, depth, length, d0, out);
+  }
+};
+
 SD_TARGET_AVX512 void AttendItemAvx512(const float* query, const float* keys,
                                        const float* values, const float* bias,
                                        int64_t depth, int64_t length,
                                        int64_t stride, float* scratch,
                                        float* out) {
-  AttendItem(query, keys, values, bias, depth, length, stride, scratch, out);
+  OverBlocks<Logits>(length, query, keys, bias, depth, length, stride,
+                     scratch);
+  // The maximum does not depend on the order it is taken in.
+  __m512 peaks = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t l = 0; l < length; l += 16) {
+    peaks = _mm512_max_ps(
+        _mm512_mask_loadu_ps(peaks, TailMask(length - l), scratch + l), peaks);
+  }
+  const __m512 peak = _mm512_set1_ps(_mm512_reduce_max_ps(peaks));
+  for (int64_t l = 0; l < length; l += 16) {
+    const __mmask16 mask = TailMask(length - l);
+    _mm512_mask_storeu_ps(
+        scratch + l, mask,
+        ExpAvx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mask, scratch + l),
+                                peak)));
+  }
+  float total = 0.0f;  // In l order, as every path sums.
+  for (int64_t l = 0; l < length; ++l) total += scratch[l];
+  // Division is correctly rounded: vectorised or not, the same weights.
+  const __m512 totals = _mm512_set1_ps(total);
+  for (int64_t l = 0; l < length; l += 16) {
+    const __mmask16 mask = TailMask(length - l);
+    _mm512_mask_storeu_ps(
+        scratch + l, mask,
+        _mm512_div_ps(_mm512_maskz_loadu_ps(mask, scratch + l), totals));
+  }
+  OverBlocks<Output>(depth, scratch, values, depth, length, out);
 }
 #endif
 
