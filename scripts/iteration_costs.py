@@ -9,7 +9,10 @@ K = 1 .. --max_k tokens costs in single-token steps, and c (measured
 afresh, not read from the cache). Where the kernel runs, the K-curve is
 measured for it with float32 and with bfloat16 product inputs
 (`kernels.set_product_inputs`) and for XLA's dots in one interleaved run,
-so the single-token steps compare directly. --product_inputs says which
+so the single-token steps compare directly; under each kernel curve its
+arithmetic floor: the call's multiply-adds at the CPU's measured peak rate
+(`peak_rate.cc`, 2 threads) over the one-token step, below which no
+kernel can bring a K-token call on this CPU. --product_inputs says which
 of the two the rest of the script uses. Then how far a row's logits in a
 K-token call are from the same positions scored one token per call (max
 |difference| per K, per path). Then, at batch 1 on one held-out En->De
@@ -47,6 +50,7 @@ from spec_decode import evaluation
 from spec_decode import kernels
 from spec_decode import pretrained
 from spec_decode.data import tasks
+from spec_decode.kernels import library
 from spec_decode.model import init_cache
 from spec_decode.model import parameter_count
 from spec_decode.model import truncated_model
@@ -124,17 +128,45 @@ def k_curves(target, draft, paths) -> None:
                      for k in ks})
     variants[(path, 'draft', 1)] = (draft, 1, use_kernel)
   seconds = benchmark.decoder_call_seconds(variants, probe, FLAGS.repeats)
-  for path in paths:
+  macs = decoder_macs_per_token(target)
+  for path, use_kernel in paths.items():
     step = seconds[(path, 'target', 1)]
     print(f'K-curve on {path} (target call on K tokens / one-token step, '
           f'batch 1; one-token step {1e3 * step:.2f} ms): ' +
           ' '.join(f'{k}:{seconds[(path, "target", k)] / step:.2f}'
                    for k in ks) +
           f'; c = {seconds[(path, "draft", 1)] / step:.4f}')
+    # Without AVX512_BF16, bfloat16 inputs run on the float32 FMAs.
+    rate = (library.peak_mac_rate(use_kernel, threads=2)
+            or library.peak_mac_rate('float32', threads=2)
+            if isinstance(use_kernel, str) else None)
+    if rate:
+      print(f'  its arithmetic floor (the call\'s {macs / 1e6:.1f}M '
+            f'multiply-adds per token at the measured peak of '
+            f'{rate / 1e9:.1f} G/s on 2 threads, in one-token steps; no '
+            f'kernel goes below it): ' + ' '.join(
+                f'{k}:{max(1.0, k * macs / rate / step):.2f}' for k in ks))
   last = list(paths)[-1]
   for path in list(paths)[:-1]:
     print(f'one-token step, {path} over {last}: '
           f'{seconds[(path, "target", 1)] / seconds[(last, "target", 1)]:.2f}')
+
+
+def decoder_macs_per_token(model) -> int:
+  """Multiply-adds of one decoder position's products: every decoder
+  kernel, the logits layer's included, but the cross-attention keys and
+  values (projected once per call from the encoder's output)."""
+  leaves = jax.tree_util.tree_leaves_with_path(model.params['decoder'])
+  total = 0
+  for path, leaf in leaves:
+    names = [getattr(entry, 'key', '') for entry in path]
+    if names[-1] != 'kernel':
+      continue
+    if 'encoder_decoder_attention' in names and (
+        'key' in names or 'value' in names):
+      continue
+    total += int(np.prod(leaf.shape))
+  return total
 
 
 def chunk_consistency(model, enc, use_kernel: bool) -> List[float]:
