@@ -24,6 +24,11 @@ The decoders:
 (`spec_decode.candidates`): against k = 1, what the tree call, the draft's
 k chains and the copies cost.
 
+`--by_op` also groups the thunks' own time by the model op each came from
+(the op names XLA keeps in the compiled programs' metadata, read from an
+HLO dump): which product, attention or norm of which part of the loop
+(target call, the draft's steps, verification) the time went to.
+
 Read the per-iteration figures against each other (same run, same
 machine); absolute times include the tracing's own cost (~1 us per thunk)
 and move with the host. Also printed: thunks per iteration and how much
@@ -36,6 +41,8 @@ import glob
 import gzip
 import json
 import os
+import re
+import shutil
 import tempfile
 
 from absl import app
@@ -66,6 +73,9 @@ flags.DEFINE_integer('runs', 5, 'Traced runs (after two untraced ones).')
 flags.DEFINE_integer('top', 25, 'Kinds of thunk printed.')
 flags.DEFINE_enum('product_inputs', kernels.product_inputs(),
                   list(kernels.PRODUCT_INPUTS), 'The kernel\'s product inputs.')
+flags.DEFINE_bool('by_op', False,
+                  'Also group the thunks\' own time by the model op they '
+                  'came from (from the compiled programs\' HLO metadata).')
 flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
 flags.DEFINE_string('draft', 't5_local_draft_tiny', 'Shipped draft.')
 
@@ -112,8 +122,11 @@ def _self_times(events):
 def main(argv):
   del argv
   # XLA reads its flags when the backend starts, at the first computation.
-  os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') +
-                             ' --xla_cpu_enable_xprof_traceme=true').strip()
+  dump = tempfile.mkdtemp(prefix='thunk_profile_hlo_')
+  os.environ['XLA_FLAGS'] = (
+      os.environ.get('XLA_FLAGS', '') + ' --xla_cpu_enable_xprof_traceme=true'
+      + (f' --xla_dump_to={dump} --xla_dump_hlo_as_text' if FLAGS.by_op
+         else '')).strip()
   kernels.set_product_inputs(FLAGS.product_inputs)
   machine = costs.machine_description()
   print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
@@ -171,6 +184,41 @@ def main(argv):
       index += 1
   print(f'kernel calls: {sum(c["dur"] for c in calls) / scale:.3f} ms per '
         f'iteration, other thunks beside them {beside / scale:.4f} ms')
+  if FLAGS.by_op:
+    per_op = _by_op(thunks, own, _op_names(dump))
+    print('own time per iteration by the op the thunks came from (decoder '
+          'layers together; ? where XLA kept no op name):')
+    for op, spent in per_op.most_common(FLAGS.top):
+      print(f'  {spent / scale:8.4f} ms  {op}')
+  shutil.rmtree(dump, ignore_errors=True)
+
+
+def _op_names(dump: str) -> dict:
+  """Instruction name -> the op_name XLA kept for it, from every compiled
+  program's optimised HLO in `dump`."""
+  names = {}
+  pattern = re.compile(r'\s*(?:ROOT )?%(\S+) = .*op_name="([^"]*)"')
+  for path in glob.glob(os.path.join(dump, '*after_optimizations.txt')):
+    with open(path) as f:
+      for line in f:
+        match = pattern.match(line)
+        if match:
+          names.setdefault(match.group(1), match.group(2))
+  return names
+
+
+def _by_op(thunks, own, names) -> collections.Counter:
+  """Own time per op path: the jit and loop wrappers dropped, every decoder
+  layer counted as one ('layers_*'), the kernel calls named by the product
+  or attention they compute."""
+  per_op = collections.Counter()
+  for event in thunks:
+    op = names.get(event['name'], '?' + event['name'].split('.')[0])
+    op = re.sub(r'layers_\d+', 'layers_*', op)
+    op = re.sub(r'branch_\d+_fun', 'branch', op)
+    op = re.sub(r'^jit\([^)]*\)/', '', op)
+    per_op[op] += own[id(event)]
+  return per_op
 
 
 if __name__ == '__main__':
