@@ -12,7 +12,8 @@ measured for it with float32 and with bfloat16 product inputs
 so the single-token steps compare directly; under each kernel curve its
 arithmetic floor: the call's multiply-adds at the CPU's measured peak rate
 (`peak_rate.cc`, 2 threads) over the one-token step, below which no
-kernel can bring a K-token call on this CPU. --product_inputs says which
+kernel can bring a K-token call on this CPU (none for bfloat16 inputs on
+AMX tiles, whose rate is far above the vector units'). --product_inputs says which
 of the two the rest of the script uses. Then how far a row's logits in a
 K-token call are from the same positions scored one token per call (max
 |difference| per K, per path). Then, at batch 1 on one held-out En->De
@@ -136,10 +137,12 @@ def k_curves(target, draft, paths) -> None:
           ' '.join(f'{k}:{seconds[(path, "target", k)] / step:.2f}'
                    for k in ks) +
           f'; c = {seconds[(path, "draft", 1)] / step:.4f}')
-    # Without AVX512_BF16, bfloat16 inputs run on the float32 FMAs.
+    # Without AVX512_BF16, bfloat16 inputs run on the float32 FMAs; on AMX
+    # tiles no vector rate bounds them (no floor printed).
+    amx = use_kernel == 'bfloat16' and library.has_amx()
     rate = (library.peak_mac_rate(use_kernel, threads=2)
             or library.peak_mac_rate('float32', threads=2)
-            if isinstance(use_kernel, str) else None)
+            if isinstance(use_kernel, str) and not amx else None)
     if rate:
       print(f'  its arithmetic floor (the call\'s {macs / 1e6:.1f}M '
             f'multiply-adds per token at the measured peak of '

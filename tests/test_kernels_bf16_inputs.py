@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from spec_decode import kernels
+from spec_decode.kernels import library
 from spec_decode.model import decode_kernels
 from tests.conftest import random_inputs
 from tests.conftest import random_model
@@ -70,10 +71,54 @@ def test_every_code_path_gives_the_portable_bits():
   reference = _call(x, packed, isa=1)
   for isa in ISAS:
     np.testing.assert_array_equal(_call(x, packed, isa), reference)
-  np.testing.assert_array_equal(_call(x, packed, threads=1), reference)
+    np.testing.assert_array_equal(_call(x, packed, isa, threads=1),
+                                  reference)
   # Not the float32-input kernel's bits: the inputs really are rounded.
   exact = kernels.pack_kernel(_bf16(w), jnp.bfloat16)
   assert not np.array_equal(_call(x, exact), reference)
+
+
+amx = pytest.mark.skipif(library.load() is None or not library.has_amx(),
+                         reason='no AMX tiles on this CPU or OS')
+
+
+@built
+@amx
+@pytest.mark.parametrize('depth,features', [(2, 1), (14, 13), (32, 32),
+                                            (130, 129), (512, 96)])
+def test_amx_tiles_match_float64_and_keep_rows_apart(depth, features):
+  # AMX sums its own way (not the portable bits): within float32 rounding
+  # of the float64 product, and a row's bits do not depend on the rows
+  # beside it, within a tile of 16 or across tiles, nor on the threads.
+  w = np.random.RandomState(7).randn(depth, features).astype(np.float32)
+  packed = kernels.pack_kernel(w, inputs='bfloat16')
+  x = np.random.RandomState(8).randn(40, depth).astype(np.float32)
+  want = _bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64)
+  bound = (2 * depth * np.finfo(np.float32).eps
+           * (np.abs(_bf16(x)) @ np.abs(_bf16(w))))
+  together = _call(x, packed, library.ISA_AMX)
+  np.testing.assert_array_less(np.abs(together - want), bound + 1e-30)
+  np.testing.assert_array_equal(_call(x, packed), together)  # The default.
+  np.testing.assert_array_equal(
+      _call(x, packed, library.ISA_AMX, threads=1), together)
+  for rows in (1, 3, 16, 17):
+    np.testing.assert_array_equal(
+        _call(x[:rows], packed, library.ISA_AMX), together[:rows])
+  np.testing.assert_array_equal(
+      _call(x[21:22], packed, library.ISA_AMX)[0], together[21])
+
+
+@built
+def test_amx_is_asked_for_where_it_applies():
+  packed = kernels.pack_kernel(np.ones((4, 3), np.float32))
+  with pytest.raises(ValueError, match=r"isa 4 \(AMX tiles\) takes kernels "
+                     r"packed with inputs='bfloat16' only"):
+    kernels.matmul(jnp.ones((2, 4)), packed, isa=library.ISA_AMX)
+  if not library.has_amx():
+    with pytest.raises(Exception, match='AMX tiles are not usable'):
+      _call(np.ones((2, 4), np.float32),
+            kernels.pack_kernel(np.ones((4, 3), np.float32),
+                                inputs='bfloat16'), library.ISA_AMX)
 
 
 def test_pack_round_trip_and_errors():
@@ -103,7 +148,8 @@ def test_bad_input_names_the_operand():
 def test_setting_prepares_the_model_once_per_setting():
   model = random_model(0)
   with kernels.product_inputs_as('bfloat16'):
-    assert kernels.available().endswith(('(vdpbf16ps)', '(fma)'))
+    assert kernels.available().endswith(('(amx)', '(vdpbf16ps)', '(fma)'))
+    assert kernels.available().endswith('(amx)') == library.has_amx()
     prepared = model.decode_kernels
     assert prepared is model.decode_kernels
   assert kernels.product_inputs() == 'float32'

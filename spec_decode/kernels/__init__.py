@@ -135,14 +135,16 @@ def available() -> str:
   Returns:
     'avx512', 'avx2' or 'portable' (the kernel's code path on this CPU), or
     'xla' (switched off, not built, or not on a CPU); with bfloat16 product
-    inputs, '+bf16 inputs (vdpbf16ps)' or '+bf16 inputs (fma)' follows,
-    saying whether the CPU's AVX512_BF16 instruction computes them.
+    inputs, '+bf16 inputs (amx)', '+bf16 inputs (vdpbf16ps)' or
+    '+bf16 inputs (fma)' follows: AMX tiles, the AVX512_BF16 instruction or
+    float32 FMAs compute them.
   """
   if not enabled():
     return 'xla'
   path = library.ISA_NAMES[library.best_isa()]
   if product_inputs() == 'bfloat16':
-    how = 'vdpbf16ps' if library.has_avx512_bf16() else 'fma'
+    how = ('amx' if library.has_amx() else
+           'vdpbf16ps' if library.has_avx512_bf16() else 'fma')
     path += f'+bf16 inputs ({how})'
   return path
 
@@ -264,8 +266,10 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
     x: [..., K] floating activations (cast to float32, exactly for
       bfloat16; or rounded to bfloat16 where `packed.inputs` says so).
     packed: The kernel, from `pack_kernel`.
-    isa: The code path: `library.ISA_BEST` (the CPU's widest) or a key of
-      `library.ISA_NAMES` (tests pin the portable reference).
+    isa: The code path: `library.ISA_BEST` (the CPU's widest; for kernels
+      packed with inputs='bfloat16', AMX tiles where `library.has_amx()`),
+      a key of `library.ISA_NAMES` (tests pin the portable reference), or
+      `library.ISA_AMX`.
     threads: Threads sharing the product; 0: XLA's intra-op pool.
 
   Returns:
@@ -283,9 +287,14 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
   if x.ndim < 1 or x.shape[-1] != packed.depth:
     raise ValueError(f'x has shape {x.shape}; its last axis must be the '
                      f"kernel's input width {packed.depth}.")
-  if isa != library.ISA_BEST and isa not in library.ISA_NAMES:
-    raise ValueError(f'isa must be {library.ISA_BEST} or one of '
-                     f'{sorted(library.ISA_NAMES)}, got {isa!r}.')
+  if isa == library.ISA_AMX and packed.inputs != 'bfloat16':
+    raise ValueError(f'isa {library.ISA_AMX} (AMX tiles) takes kernels '
+                     "packed with inputs='bfloat16' only.")
+  if (isa not in (library.ISA_BEST, library.ISA_AMX)
+      and isa not in library.ISA_NAMES):
+    raise ValueError(f'isa must be {library.ISA_BEST}, {library.ISA_AMX} '
+                     f'(AMX) or one of {sorted(library.ISA_NAMES)}, got '
+                     f'{isa!r}.')
   leading = x.shape[:-1]
   rows = int(np.prod(leading, dtype=np.int64))
   if packed.inputs == 'bfloat16':

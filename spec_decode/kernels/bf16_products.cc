@@ -40,6 +40,7 @@
 #include <limits>
 #include <vector>
 
+#include "amx_products.h"
 #include "cpu_features.h"
 #include "parallel.h"
 #include "xla/ffi/api/ffi.h"
@@ -210,10 +211,6 @@ SD_TARGET_AVX512_BF16 void PairTileAvx512Bf16(const PairTile& t) {
   }
 }
 
-bool CpuHasAvx512Bf16() {
-  __builtin_cpu_init();
-  return CpuSupports(kAvx512) && __builtin_cpu_supports("avx512bf16");
-}
 #endif  // SD_X86
 
 // ---------------------------------------------------------------------------
@@ -334,6 +331,18 @@ ffi::Error Bf16InputMatmul(ffi::ThreadPool pool, Bf16Rows x, Bf16Panels packed,
     return ffi::Error::InvalidArgument(
         "bf16_input_matmul: shapes of x [M, K] (K even), packed "
         "[ceil(N / 32), K / 2, 64] and y [M, N] disagree");
+  }
+  // The AMX path: asked for, or the best where the CPU and OS allow it.
+  if (isa_attr == kAmxIsa && !AmxUsable()) {
+    return ffi::Error::InvalidArgument(
+        "bf16_input_matmul: AMX tiles are not usable on this CPU or OS");
+  }
+  if (isa_attr == kAmxIsa || (isa_attr == kBest && AmxUsable())) {
+    AmxProduct(pool, threads_attr,
+               reinterpret_cast<const uint16_t*>(x.untyped_data()),
+               reinterpret_cast<const uint16_t*>(packed.untyped_data()),
+               y->typed_data(), m, k, n);
+    return ffi::Error::Success();
   }
   Isa isa;
   if (ffi::Error error = ResolveIsa("bf16_input_matmul", isa_attr, &isa);

@@ -43,6 +43,16 @@ inline bool CpuSupports(Isa isa) {
 #endif
 }
 
+// AVX512_BF16 (VDPBF16PS) beside AVX-512F.
+inline bool CpuHasAvx512Bf16() {
+#if SD_X86
+  __builtin_cpu_init();
+  return CpuSupports(kAvx512) && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 inline Isa BestIsa() {
   static const Isa best = CpuSupports(kAvx512) ? kAvx512
                           : CpuSupports(kAvx2) ? kAvx2

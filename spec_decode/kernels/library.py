@@ -24,6 +24,9 @@ ATTENTION_TARGET = 'spec_decode_decode_attention'
 # The `isa` attribute of the custom call: which code path computes.
 ISA_BEST = 0
 ISA_NAMES = {1: 'portable', 2: 'avx2', 3: 'avx512'}
+# bfloat16-input products only: AMX tiles (`bf16_products.cc`), which
+# ISA_BEST runs where `has_amx()`; not the other paths' bits.
+ISA_AMX = 4
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -90,6 +93,13 @@ def has_avx512_bf16() -> bool:
   """Whether bfloat16-input products run VDPBF16PS on this CPU (AVX512_BF16)."""
   library = load()
   return library is not None and bool(library.SdHasAvx512Bf16())
+
+
+def has_amx() -> bool:
+  """Whether bfloat16-input products run on AMX tiles here (AMX-BF16, and
+  the OS lets the process use them)."""
+  library = load()
+  return library is not None and bool(library.SdHasAmxBf16())
 
 
 def peak_mac_rate(kind: str = 'float32', threads: int = 1,

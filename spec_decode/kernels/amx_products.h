@@ -1,0 +1,31 @@
+// The bfloat16-input product on AMX tiles (`amx_products.cc`): what
+// `bf16_products.cc`'s handler runs where the CPU has AMX-BF16 and the OS
+// lets the process use it, for `isa` kBest or kAmxIsa.
+
+#ifndef SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
+#define SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
+
+#include <cstdint>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace spec_decode {
+
+// The `isa` attribute value naming the AMX path (bfloat16-input products
+// only; `library.ISA_AMX`).
+constexpr int32_t kAmxIsa = 4;
+
+// Whether this CPU has AMX-BF16 and the OS lets this process use the tile
+// data (Linux grants it per process on request; asked once).
+bool AmxUsable();
+
+// y[M, N] = x[M, K] @ W in float32 sums on AMX tiles, K even; x bfloat16
+// bits [M, K], W packed as `bf16_products.cc` describes ([P, K / 2, 64]).
+// Call only where AmxUsable().
+void AmxProduct(xla::ffi::ThreadPool& pool, int32_t threads,
+                const uint16_t* x, const uint16_t* w, float* y, int64_t m,
+                int64_t k, int64_t n);
+
+}  // namespace spec_decode
+
+#endif  // SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
