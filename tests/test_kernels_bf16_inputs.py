@@ -115,10 +115,11 @@ def test_amx_is_asked_for_where_it_applies():
                      r"packed with inputs='bfloat16' only"):
     kernels.matmul(jnp.ones((2, 4)), packed, isa=library.ISA_AMX)
   if not library.has_amx():
-    with pytest.raises(Exception, match='AMX tiles are not usable'):
-      _call(np.ones((2, 4), np.float32),
-            kernels.pack_kernel(np.ones((4, 3), np.float32),
-                                inputs='bfloat16'), library.ISA_AMX)
+    with pytest.raises(ValueError, match='AMX tiles are not usable'):
+      kernels.matmul(jnp.ones((2, 4)),
+                     kernels.pack_kernel(np.ones((4, 3), np.float32),
+                                         inputs='bfloat16'),
+                     isa=library.ISA_AMX)
 
 
 def test_pack_round_trip_and_errors():

@@ -276,8 +276,9 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
     float32 [..., N].
 
   Raises:
-    ValueError: The kernel library is missing, `x` is not floating, or its
-      last axis is not the kernel's K (messages name the operand).
+    ValueError: The kernel library is missing, `x` is not floating, its
+      last axis is not the kernel's K, or `isa` is unknown or not usable
+      here (messages name the operand).
   """
   if library.load() is None:
     raise ValueError('The few-row kernel library is not built; use XLA\'s '
@@ -290,6 +291,9 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
   if isa == library.ISA_AMX and packed.inputs != 'bfloat16':
     raise ValueError(f'isa {library.ISA_AMX} (AMX tiles) takes kernels '
                      "packed with inputs='bfloat16' only.")
+  if isa == library.ISA_AMX and not library.has_amx():
+    raise ValueError(f'isa {library.ISA_AMX}: AMX tiles are not usable on '
+                     'this CPU or OS (spec_decode.kernels.library.has_amx()).')
   if (isa not in (library.ISA_BEST, library.ISA_AMX)
       and isa not in library.ISA_NAMES):
     raise ValueError(f'isa must be {library.ISA_BEST}, {library.ISA_AMX} '

@@ -34,8 +34,13 @@
 #include "cpu_features.h"
 #include "parallel.h"
 
-#if SD_X86
+// AMX intrinsics came with GCC 11 and Clang 12; an older compiler builds
+// the library without this path (AmxUsable() is then false).
+#if SD_X86 && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define SD_AMX 1
 #include <cpuid.h>
+#else
+#define SD_AMX 0
 #endif
 
 namespace spec_decode {
@@ -49,7 +54,7 @@ constexpr int64_t kPairRow = 2 * kPanel;  // bfloat16 values per panel row.
 
 }  // namespace
 
-#if SD_X86
+#if SD_AMX
 #define SD_TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f")))
 
 namespace {
@@ -185,14 +190,14 @@ void AmxProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                      });
 }
 
-#else  // !SD_X86
+#else  // !SD_AMX
 
 bool AmxUsable() { return false; }
 
 void AmxProduct(xla::ffi::ThreadPool&, int32_t, const uint16_t*,
                 const uint16_t*, float*, int64_t, int64_t, int64_t) {}
 
-#endif  // SD_X86
+#endif  // SD_AMX
 
 }  // namespace spec_decode
 

@@ -32,6 +32,10 @@
 // model never get there). As in `few_rows.cc`, the chain does not depend on
 // the number of rows, the tile or the thread: a row's result does not depend
 // on the rows computed with it.
+//
+// Where the CPU has AMX-BF16 (and the OS grants it), `isa` kBest hands the
+// product to the tiles of `amx_products.cc` instead: the same packed
+// panels, sums rounded the unit's own way (see there).
 
 #include <algorithm>
 #include <cmath>
