@@ -25,6 +25,16 @@ def _bf16(values: np.ndarray) -> np.ndarray:
   return np.asarray(jnp.asarray(values, jnp.bfloat16).astype(jnp.float32))
 
 
+def _assert_within_float32_rounding(got, x, w):
+  """got is the float64 product of x and w rounded to bfloat16, up to one
+  float32 rounding per step of each output's chain."""
+  # Products of bfloat16 values are exact in float32: only the sums round.
+  want = _bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64)
+  bound = (2 * w.shape[0] * np.finfo(np.float32).eps
+           * (np.abs(_bf16(x)) @ np.abs(_bf16(w))))
+  np.testing.assert_array_less(np.abs(got - want), bound + 1e-30)
+
+
 @built
 @pytest.mark.parametrize('depth,features', [(2, 1), (14, 13), (130, 129),
                                             (128, 7), (64, 96)])
@@ -35,14 +45,9 @@ def test_matches_float64_product_of_rounded_inputs(depth, features):
   rng = np.random.RandomState(1)
   for rows in range(1, 18):
     x = rng.randn(rows, depth).astype(np.float32)
-    # Products of bfloat16 values are exact in float32: only the sums
-    # round, once per step of the chain.
-    want = _bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64)
     got = _call(x, packed)
     assert got.shape == (rows, features) and got.dtype == np.float32
-    bound = (2 * depth * np.finfo(np.float32).eps
-             * (np.abs(_bf16(x)) @ np.abs(_bf16(w))))
-    np.testing.assert_array_less(np.abs(got - want), bound + 1e-30)
+    _assert_within_float32_rounding(got, x, w)
 
 
 @built
@@ -93,11 +98,8 @@ def test_amx_tiles_match_float64_and_keep_rows_apart(depth, features):
   w = np.random.RandomState(7).randn(depth, features).astype(np.float32)
   packed = kernels.pack_kernel(w, inputs='bfloat16')
   x = np.random.RandomState(8).randn(40, depth).astype(np.float32)
-  want = _bf16(x).astype(np.float64) @ _bf16(w).astype(np.float64)
-  bound = (2 * depth * np.finfo(np.float32).eps
-           * (np.abs(_bf16(x)) @ np.abs(_bf16(w))))
   together = _call(x, packed, library.ISA_AMX)
-  np.testing.assert_array_less(np.abs(together - want), bound + 1e-30)
+  _assert_within_float32_rounding(together, x, w)
   np.testing.assert_array_equal(_call(x, packed), together)  # The default.
   np.testing.assert_array_equal(
       _call(x, packed, library.ISA_AMX, threads=1), together)
