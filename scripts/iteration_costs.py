@@ -8,7 +8,9 @@ code path, or 'xla'), then the K-curve: what a target call scoring
 K = 1 .. --max_k tokens costs in single-token steps, and c (measured
 afresh, not read from the cache). Where the kernel runs, the K-curve is
 measured for it with float32 and with bfloat16 product inputs
-(`kernels.set_product_inputs`) and for XLA's dots in one interleaved run,
+(`kernels.set_product_inputs`), on a CPU with AMX tiles also with float32
+inputs on the FMA chain (`kernels.set_amx_enabled(False)`), and for XLA's
+dots in one interleaved run,
 so the single-token steps compare directly; under each kernel curve its
 arithmetic floor: the call's multiply-adds at the CPU's measured peak rate
 (`peak_rate.cc`, 2 threads) over the one-token step, below which no
@@ -139,8 +141,9 @@ def k_curves(target, draft, paths) -> None:
           f'; c = {seconds[(path, "draft", 1)] / step:.4f}')
     # Without AVX512_BF16, bfloat16 inputs run on the float32 FMAs; on AMX
     # tiles no vector rate bounds them (no floor printed).
-    amx = use_kernel == 'bfloat16' and library.has_amx()
-    rate = (library.peak_mac_rate(use_kernel, threads=2)
+    amx = (isinstance(use_kernel, str) and kernels.uses_amx()
+           and not use_kernel.endswith(benchmark.WITHOUT_AMX))
+    rate = (library.peak_mac_rate(use_kernel.split()[0], threads=2)
             or library.peak_mac_rate('float32', threads=2)
             if isinstance(use_kernel, str) and not amx else None)
     if rate:
@@ -220,6 +223,11 @@ def main(argv):
     for inputs in kernels.PRODUCT_INPUTS:
       with kernels.product_inputs_as(inputs):
         curves[kernels.available()] = inputs
+        if inputs == 'float32' and kernels.uses_amx():
+          # The FMA chain beside the tiles.
+          with kernels.amx_enabled_as(False):
+            curves[kernels.available()] = (
+                f'{inputs} {benchmark.WITHOUT_AMX}')
     curves['xla'] = False
     k_curves(target, draft, curves)
   source = tasks.load_pairs('translate_en_de', 'test')[FLAGS.example][0]

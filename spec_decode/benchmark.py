@@ -164,13 +164,18 @@ def timed_decoder_calls(model: Model, encoder_input_tokens: Any,
   return lambda: run(params, prepared, tokens, start, cache, encoded, count)
 
 
+WITHOUT_AMX = 'without amx'
+
+
 def kernel_setting(use_kernel: Union[bool, str]):
   """A context in which models prepare the decode path `use_kernel` names.
 
   Args:
     use_kernel: False: XLA's dots; True: the few-row kernel (where it is
       available) with the current product inputs; 'float32' or 'bfloat16':
-      the kernel with those product inputs (`kernels.set_product_inputs`).
+      the kernel with those product inputs (`kernels.set_product_inputs`),
+      '... without amx' after either: and AMX tiles switched off
+      (`kernels.set_amx_enabled`).
 
   Returns:
     A context manager.
@@ -178,7 +183,13 @@ def kernel_setting(use_kernel: Union[bool, str]):
   stack = contextlib.ExitStack()
   stack.enter_context(kernels.enabled_as(bool(use_kernel)))
   if isinstance(use_kernel, str):
-    stack.enter_context(kernels.product_inputs_as(use_kernel))
+    inputs, _, rest = use_kernel.partition(' ')
+    if rest not in ('', WITHOUT_AMX):
+      raise ValueError(f"use_kernel must be a product input or one followed "
+                       f"by ' {WITHOUT_AMX}', got {use_kernel!r}.")
+    stack.enter_context(kernels.product_inputs_as(inputs))
+    if rest:
+      stack.enter_context(kernels.amx_enabled_as(False))
   return stack
 
 

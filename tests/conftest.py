@@ -5,6 +5,7 @@ import functools
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
@@ -112,6 +113,16 @@ def random_model(seed: int = 0, **overrides) -> sd.Model:
   fields.update(overrides)
   config = sd.T5Config(**fields)
   return sd.Model(config, sd.init_params(config, jax.random.PRNGKey(seed)))
+
+
+@functools.lru_cache(maxsize=None)
+def bfloat16_valued(model: sd.Model) -> sd.Model:
+  """`model` with every weight rounded to a bfloat16 value, kept float32:
+  what the shipped models hold (their products then run on AMX tiles where
+  the CPU has them)."""
+  return sd.Model(model.config, jax.tree_util.tree_map(
+      lambda x: np.asarray(jnp.asarray(x, jnp.bfloat16).astype(jnp.float32)),
+      model.params), eos_id=model.eos_id)
 
 
 def saved_model(folder: str, seed: int, **overrides):

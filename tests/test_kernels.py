@@ -57,7 +57,8 @@ def test_library_built_where_a_compiler_exists():
     pytest.skip('no working C++ compiler for the build: XLA fallback expected')
   assert library.library_path() is not None
   assert library.load() is not None
-  assert kernels.available() in ('avx2', 'avx512', 'portable')
+  assert kernels.available() in ('avx2', 'avx512', 'avx512+amx', 'portable')
+  assert kernels.available().endswith('+amx') == library.has_amx()
 
 
 def _weights(depth, features, seed, dtype):

@@ -101,6 +101,10 @@ def test_amx_tiles_match_float64_and_keep_rows_apart(depth, features):
   together = _call(x, packed, library.ISA_AMX)
   _assert_within_float32_rounding(together, x, w)
   np.testing.assert_array_equal(_call(x, packed), together)  # The default.
+  with kernels.amx_enabled_as(False):  # Switched off: VDPBF16PS's bits.
+    np.testing.assert_array_equal(
+        _call(x, kernels.pack_kernel(w, inputs='bfloat16')),
+        _call(x, packed, isa=1))
   np.testing.assert_array_equal(
       _call(x, packed, library.ISA_AMX, threads=1), together)
   for rows in (1, 3, 16, 17):
@@ -114,7 +118,7 @@ def test_amx_tiles_match_float64_and_keep_rows_apart(depth, features):
 def test_amx_is_asked_for_where_it_applies():
   packed = kernels.pack_kernel(np.ones((4, 3), np.float32))
   with pytest.raises(ValueError, match=r"isa 4 \(AMX tiles\) takes kernels "
-                     r"packed with inputs='bfloat16' only"):
+                     r"packed with inputs='bfloat16' or amx=True only"):
     kernels.matmul(jnp.ones((2, 4)), packed, isa=library.ISA_AMX)
   if not library.has_amx():
     with pytest.raises(ValueError, match='AMX tiles are not usable'):

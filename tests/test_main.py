@@ -34,7 +34,8 @@ def test_main_job_end_to_end(tmp_path, monkeypatch, cost_cache):
   report = main.run(config, str(tmp_path))
   assert len(report['rows']) == 4
   assert report['machine']['cpu'] and report['costs']['verify_seconds']
-  assert report['decoder_products'] in ('avx2', 'avx512', 'portable', 'xla')
+  assert report['decoder_products'] in ('avx2', 'avx512', 'avx512+amx',
+                                       'portable', 'xla')
   for row in report['rows']:
     # Each row chose per iteration, inside the loop: a histogram of counts.
     assert len(row['proposal_counts']) == costs.DEFAULT_MAX_GAMMA + 1

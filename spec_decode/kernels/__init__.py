@@ -11,13 +11,25 @@ it once per model (`pack_kernel`); so does the encoder pass of a decoding
 call (at batch 1 a product of a few dozen rows). Training, teacher-forced
 scoring, accelerators and sharded models keep XLA's dots.
 
-  kernels.available()      # 'avx2', 'avx512', 'portable' or 'xla'
+  kernels.available()      # 'avx2', 'avx512', 'avx512+amx', 'portable' or 'xla'
   kernels.set_enabled(False)   # or SPEC_DECODE_KERNELS=off: XLA's dots
 
 Every output element is one float32 fused multiply-add chain over k in
 order, whatever the number of rows, the tile or the instruction set, so a
 row's result does not depend on the rows computed with it, and the AVX2,
 AVX-512 and portable paths agree bit for bit.
+
+AMX. Where the CPU has AMX-BF16 tiles (Intel Sapphire Rapids and later) and
+a model's weights are bfloat16 values (the shipped models; any bfloat16
+checkpoint), products run on the tiles instead ('avx512+amx'): each float32
+activation goes in as three bfloat16 parts that add up to it exactly, so
+every product is exact and only the float32 sums round. The results are
+float32-accurate (closer to float64 than the FMA chain's, in our tests) and
+batch-invariant, but not the FMA chain's bits: outputs on such a CPU can
+differ from another CPU's in the last bits, as XLA's own dots do between
+CPUs. Past ~2 rows the FMA path is bound by its arithmetic; the tiles keep
+a product bound by streaming its weights up to ~5 rows (scripts/README.md).
+`set_amx_enabled(False)` (or SPEC_DECODE_AMX=off) keeps the FMA chain.
 
 Product inputs. By default a product's activations enter as float32
 (exact, what XLA:CPU computes). `set_product_inputs('bfloat16')` (or
@@ -32,7 +44,7 @@ default; baseline and speculative decoding both use it when set.
 
 import contextlib
 import os
-from typing import Iterator
+from typing import Iterator, Optional
 
 import flax
 import jax
@@ -50,9 +62,11 @@ PANEL = 32  # Output columns per panel (few_rows.cc's kPanel).
 # from about 96 rows on (scripts/k_token_dots.py measures the crossover).
 MAX_ROWS = 96
 
+_OFF = ('0', 'off', 'false', 'no')
 _SWITCH_VARIABLE = 'SPEC_DECODE_KERNELS'
-_enabled = os.environ.get(_SWITCH_VARIABLE, 'on').strip().lower() not in (
-    '0', 'off', 'false', 'no')
+_enabled = os.environ.get(_SWITCH_VARIABLE, 'on').strip().lower() not in _OFF
+_AMX_VARIABLE = 'SPEC_DECODE_AMX'
+_amx_enabled = os.environ.get(_AMX_VARIABLE, 'on').strip().lower() not in _OFF
 
 # What a product's activations enter the kernel as: 'float32' (exact) or
 # 'bfloat16' (rounded, twice the arithmetic rate on AVX512_BF16 CPUs).
@@ -81,6 +95,34 @@ def enabled_as(enabled: bool) -> Iterator[None]:
     yield
   finally:
     set_enabled(before)
+
+
+def set_amx_enabled(enabled: bool) -> None:
+  """Whether products may run on AMX tiles, for models prepared from now on.
+
+  Off, float32-input products keep the FMA chain (the same bits as on any
+  other CPU) and bfloat16-input products VDPBF16PS. Models keep the kernels
+  they prepared under each setting. Environment: SPEC_DECODE_AMX=off.
+  """
+  global _amx_enabled
+  _amx_enabled = bool(enabled)
+
+
+@contextlib.contextmanager
+def amx_enabled_as(enabled: bool) -> Iterator[None]:
+  """`set_amx_enabled(enabled)` inside a `with` block, restored after it."""
+  before = _amx_enabled
+  set_amx_enabled(enabled)
+  try:
+    yield
+  finally:
+    set_amx_enabled(before)
+
+
+def uses_amx() -> bool:
+  """Whether products run on AMX tiles now: switched on, and the CPU and
+  OS allow it (`library.has_amx()`)."""
+  return _amx_enabled and library.has_amx()
 
 
 def _check_inputs(inputs: str) -> str:
@@ -133,20 +175,22 @@ def available() -> str:
   """Which path computes decoder products at decode time in this process.
 
   Returns:
-    'avx512', 'avx2' or 'portable' (the kernel's code path on this CPU), or
-    'xla' (switched off, not built, or not on a CPU); with bfloat16 product
-    inputs, '+bf16 inputs (amx)', '+bf16 inputs (vdpbf16ps)' or
-    '+bf16 inputs (fma)' follows: AMX tiles, the AVX512_BF16 instruction or
-    float32 FMAs compute them.
+    'avx512', 'avx2' or 'portable' (the kernel's code path on this CPU),
+    'avx512+amx' (float32 inputs in bfloat16 parts on AMX tiles, for
+    bfloat16-valued weights), or 'xla' (switched off, not built, or not on
+    a CPU); with bfloat16 product inputs, '+bf16 inputs (amx)',
+    '+bf16 inputs (vdpbf16ps)' or '+bf16 inputs (fma)' follows the code
+    path: AMX tiles, the AVX512_BF16 instruction or float32 FMAs compute
+    them.
   """
   if not enabled():
     return 'xla'
   path = library.ISA_NAMES[library.best_isa()]
   if product_inputs() == 'bfloat16':
-    how = ('amx' if library.has_amx() else
+    how = ('amx' if uses_amx() else
            'vdpbf16ps' if library.has_avx512_bf16() else 'fma')
-    path += f'+bf16 inputs ({how})'
-  return path
+    return path + f'+bf16 inputs ({how})'
+  return path + '+amx' if uses_amx() else path
 
 
 @flax.struct.dataclass
@@ -159,17 +203,26 @@ class PackedKernel:
       16-column half (slot 2i: column i, slot 2i + 1: column 8 + i).
       With bfloat16 inputs: [ceil(N / 32), K / 2, 64] bfloat16, panel row
       r holding (W[2r][c], W[2r + 1][c]) for c = 0..31.
+      The same pair layout with float32 inputs on AMX tiles.
     features: N, the product's output width.
     inputs: 'float32' or 'bfloat16': what the activations enter as.
+    amx: Products run on AMX tiles (float32 inputs in three bfloat16
+      parts, or bfloat16 inputs as they are).
   """
   panels: Array
   features: int = flax.struct.field(pytree_node=False)
   inputs: str = flax.struct.field(pytree_node=False, default='float32')
+  amx: bool = flax.struct.field(pytree_node=False, default=False)
+
+  @property
+  def pairs(self) -> bool:
+    """Whether the panels hold weight pairs ([P, K / 2, 64])."""
+    return self.inputs == 'bfloat16' or self.amx
 
   @property
   def depth(self) -> int:
     """K, the contracted width."""
-    if self.inputs == 'bfloat16':
+    if self.pairs:
       return 2 * self.panels.shape[1]
     return self.panels.shape[1]
 
@@ -193,7 +246,8 @@ def packed_dtype(kernel: np.ndarray, activation_dtype=jnp.float32):
   return jnp.bfloat16 if np.array_equal(as_float, rounded) else jnp.float32
 
 
-def pack_kernel(kernel, dtype=None, inputs: str = 'float32') -> PackedKernel:
+def pack_kernel(kernel, dtype=None, inputs: str = 'float32',
+                amx: Optional[bool] = None) -> PackedKernel:
   """Lays out a T5X [in, out] kernel for the few-row kernel.
 
   Args:
@@ -201,13 +255,18 @@ def pack_kernel(kernel, dtype=None, inputs: str = 'float32') -> PackedKernel:
     dtype: jnp.float32 or jnp.bfloat16; None picks `packed_dtype`.
     inputs: 'float32', or 'bfloat16' (activations rounded at the product;
       the weights are then rounded to bfloat16 too, and K must be even).
+    amx: Run the products on AMX tiles. None: with bfloat16 inputs where
+      `uses_amx()`, never with float32 inputs (their weights are then laid
+      out for the tiles: they must be bfloat16 values, K even).
 
   Returns:
     A `PackedKernel` on the default device.
 
   Raises:
-    ValueError: `kernel` is not 2-D, `dtype` is neither, or `inputs` is
-      'bfloat16' with float32 `dtype` or an odd K.
+    ValueError: `kernel` is not 2-D, `dtype` is neither, `inputs` is
+      'bfloat16' with float32 `dtype` or an odd K, or `amx` is asked for
+      where the tiles are not usable, or with float32 inputs for weights
+      that are not bfloat16 values or an odd K.
   """
   kernel = np.asarray(kernel, np.float32)
   if kernel.ndim != 2:
@@ -224,16 +283,28 @@ def pack_kernel(kernel, dtype=None, inputs: str = 'float32') -> PackedKernel:
     raise ValueError(f"inputs='bfloat16' needs dtype bfloat16 and an even "
                      f'input width; got {dtype} and kernel shape '
                      f'{kernel.shape}.')
+  if amx is None:
+    amx = inputs == 'bfloat16' and uses_amx()
+  if amx and not library.has_amx():
+    raise ValueError('amx=True: AMX tiles are not usable on this CPU or OS '
+                     '(spec_decode.kernels.library.has_amx()).')
+  if amx and inputs == 'float32' and (
+      packed_dtype(kernel) != jnp.bfloat16 or dtype != jnp.bfloat16
+      or depth % 2):
+    raise ValueError(f'amx=True with float32 inputs needs weights that are '
+                     f'bfloat16 values, dtype bfloat16 and an even input '
+                     f'width; got dtype {jnp.dtype(dtype).name} and kernel shape '
+                     f'{kernel.shape}.')
   count = -(-features // PANEL)
   padded = np.zeros((depth, count * PANEL), np.float32)
   padded[:, :features] = kernel
-  if inputs == 'bfloat16':
+  if inputs == 'bfloat16' or amx:
     # [K, P * 32] -> [K / 2, 2, P, 32] -> [P, K / 2, 32, 2] -> [P, K / 2, 64]
-    pairs = padded.reshape(depth // 2, 2, count, PANEL).transpose(2, 0, 3, 1)
+    paired = padded.reshape(depth // 2, 2, count, PANEL).transpose(2, 0, 3, 1)
     return PackedKernel(
-        panels=jnp.asarray(pairs.reshape(count, depth // 2, 2 * PANEL),
+        panels=jnp.asarray(paired.reshape(count, depth // 2, 2 * PANEL),
                            jnp.bfloat16),
-        features=features, inputs=inputs)
+        features=features, inputs=inputs, amx=bool(amx))
   # [K, P * 32] -> [P, K, 32]
   panels = padded.reshape(depth, count, PANEL).transpose(1, 0, 2)
   if dtype == jnp.bfloat16:
@@ -246,7 +317,7 @@ def pack_kernel(kernel, dtype=None, inputs: str = 'float32') -> PackedKernel:
 def unpack_kernel(packed: PackedKernel) -> np.ndarray:
   """The [K, N] float32 kernel a `PackedKernel` holds (for checks)."""
   panels = np.asarray(packed.panels.astype(jnp.float32))
-  if packed.inputs == 'bfloat16':
+  if packed.pairs:
     count, pairs, _ = panels.shape
     # [P, K / 2, 32, 2] -> [K / 2, 2, P, 32]
     return panels.reshape(count, pairs, PANEL, 2).transpose(1, 3, 0, 2).reshape(
@@ -266,10 +337,11 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
     x: [..., K] floating activations (cast to float32, exactly for
       bfloat16; or rounded to bfloat16 where `packed.inputs` says so).
     packed: The kernel, from `pack_kernel`.
-    isa: The code path: `library.ISA_BEST` (the CPU's widest; for kernels
-      packed with inputs='bfloat16', AMX tiles where `library.has_amx()`),
-      a key of `library.ISA_NAMES` (tests pin the portable reference), or
-      `library.ISA_AMX`.
+    isa: The code path: `library.ISA_BEST` (AMX tiles for kernels packed
+      with `amx`, else the CPU's widest vector path), a key of
+      `library.ISA_NAMES` (tests pin the portable reference), or
+      `library.ISA_AMX` (kernels in pairs). Float32-input kernels packed
+      with `amx` run on the tiles only (ISA_BEST or ISA_AMX).
     threads: Threads sharing the product; 0: XLA's intra-op pool.
 
   Returns:
@@ -288,10 +360,15 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
   if x.ndim < 1 or x.shape[-1] != packed.depth:
     raise ValueError(f'x has shape {x.shape}; its last axis must be the '
                      f"kernel's input width {packed.depth}.")
-  if isa == library.ISA_AMX and packed.inputs != 'bfloat16':
+  on_tiles = packed.amx and packed.inputs == 'float32'
+  if isa == library.ISA_AMX and not packed.pairs:
     raise ValueError(f'isa {library.ISA_AMX} (AMX tiles) takes kernels '
-                     "packed with inputs='bfloat16' only.")
-  if isa == library.ISA_AMX and not library.has_amx():
+                     "packed with inputs='bfloat16' or amx=True only.")
+  if on_tiles and isa not in (library.ISA_BEST, library.ISA_AMX):
+    raise ValueError(f'isa {isa!r}: a float32-input kernel packed with '
+                     f'amx=True runs on AMX tiles only (isa '
+                     f'{library.ISA_BEST} or {library.ISA_AMX}).')
+  if (isa == library.ISA_AMX or on_tiles) and not library.has_amx():
     raise ValueError(f'isa {library.ISA_AMX}: AMX tiles are not usable on '
                      'this CPU or OS (spec_decode.kernels.library.has_amx()).')
   if (isa not in (library.ISA_BEST, library.ISA_AMX)
@@ -299,14 +376,18 @@ def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
     raise ValueError(f'isa must be {library.ISA_BEST}, {library.ISA_AMX} '
                      f'(AMX) or one of {sorted(library.ISA_NAMES)}, got '
                      f'{isa!r}.')
+  if isa == library.ISA_BEST and packed.inputs == 'bfloat16':
+    # The library's own best for these is AMX where usable: name the path.
+    isa = library.ISA_AMX if packed.amx else library.best_isa()
   leading = x.shape[:-1]
   rows = int(np.prod(leading, dtype=np.int64))
   if packed.inputs == 'bfloat16':
     target, flat = (library.BF16_INPUT_MATMUL_TARGET,
                     x.reshape(rows, packed.depth).astype(jnp.bfloat16))
   else:
-    target, flat = (library.MATMUL_TARGET,
-                    x.reshape(rows, packed.depth).astype(jnp.float32))
+    target = (library.AMX_SPLIT_MATMUL_TARGET if on_tiles
+              else library.MATMUL_TARGET)
+    flat = x.reshape(rows, packed.depth).astype(jnp.float32)
   call = jax.ffi.ffi_call(
       target,
       jax.ShapeDtypeStruct((rows, packed.features), jnp.float32),
@@ -373,8 +454,9 @@ def pays_for(rows: int) -> bool:
 
 
 __all__ = [
-    'MAX_ROWS', 'PRODUCT_INPUTS', 'PackedKernel', 'attention', 'available',
-    'enabled', 'enabled_as', 'matmul', 'pack_kernel', 'packed_dtype',
-    'pays_for', 'product_inputs', 'product_inputs_as', 'set_enabled',
-    'set_product_inputs', 'unpack_kernel',
+    'MAX_ROWS', 'PRODUCT_INPUTS', 'PackedKernel', 'amx_enabled_as',
+    'attention', 'available', 'enabled', 'enabled_as', 'matmul',
+    'pack_kernel', 'packed_dtype', 'pays_for', 'product_inputs',
+    'product_inputs_as', 'set_amx_enabled', 'set_enabled',
+    'set_product_inputs', 'unpack_kernel', 'uses_amx',
 ]

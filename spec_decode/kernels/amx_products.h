@@ -1,6 +1,7 @@
-// The bfloat16-input product on AMX tiles (`amx_products.cc`): what
+// Products on AMX tiles (`amx_products.cc`): the bfloat16-input product
 // `bf16_products.cc`'s handler runs where the CPU has AMX-BF16 and the OS
-// lets the process use it, for `isa` kBest or kAmxIsa.
+// lets the process use it (`isa` kBest or kAmxIsa), and the float32-input
+// product in bfloat16 parts (its own FFI target, `SdAmxSplitMatmul`).
 
 #ifndef SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
 #define SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
@@ -11,8 +12,7 @@
 
 namespace spec_decode {
 
-// The `isa` attribute value naming the AMX path (bfloat16-input products
-// only; `library.ISA_AMX`).
+// The `isa` attribute value naming the AMX paths (`library.ISA_AMX`).
 constexpr int32_t kAmxIsa = 4;
 
 // Whether this CPU has AMX-BF16 and the OS lets this process use the tile
@@ -25,6 +25,15 @@ bool AmxUsable();
 void AmxProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                 const uint16_t* x, const uint16_t* w, float* y, int64_t m,
                 int64_t k, int64_t n);
+
+// y[M, N] = x[M, K] @ W for float32 x on AMX tiles, W packed as above and
+// holding bfloat16 values: each row of x goes in as three bfloat16 parts
+// that add up to it exactly, so every product is exact and only the float32
+// sums round (float32-accurate, but not the FMA chain's bits). K even.
+// Call only where AmxUsable().
+void AmxSplitProduct(xla::ffi::ThreadPool& pool, int32_t threads,
+                     const float* x, const uint16_t* w, float* y, int64_t m,
+                     int64_t k, int64_t n);
 
 }  // namespace spec_decode
 

@@ -1,7 +1,8 @@
 """Finding, loading and registering the compiled CPU decoding kernels.
 
 `pip install .` compiles `few_rows.cc` (the few-row matrix product),
-`bf16_products.cc` (its bfloat16-input form), `decode_attention.cc` and
+`bf16_products.cc` (its bfloat16-input form), `amx_products.cc` (both on
+AMX tiles), `decode_attention.cc` and
 `peak_rate.cc` (the CPU's multiply-add rate, for the scripts) into one shared library next to this file
 (`_few_rows*.so`; see setup.py). Where it was not built (no C++
 compiler at install time, a platform without one) or cannot load, decoding
@@ -19,13 +20,14 @@ import jax
 
 MATMUL_TARGET = 'spec_decode_few_row_matmul'
 BF16_INPUT_MATMUL_TARGET = 'spec_decode_bf16_input_matmul'
+AMX_SPLIT_MATMUL_TARGET = 'spec_decode_amx_split_matmul'
 ATTENTION_TARGET = 'spec_decode_decode_attention'
 
 # The `isa` attribute of the custom call: which code path computes.
 ISA_BEST = 0
 ISA_NAMES = {1: 'portable', 2: 'avx2', 3: 'avx512'}
-# bfloat16-input products only: AMX tiles (`bf16_products.cc`), which
-# ISA_BEST runs where `has_amx()`; not the other paths' bits.
+# AMX tiles (`amx_products.cc`), which ISA_BEST runs for kernels packed in
+# pairs where `has_amx()`; not the other paths' bits.
 ISA_AMX = 4
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -67,6 +69,8 @@ def load() -> Optional[ctypes.CDLL]:
     for target, symbol in ((MATMUL_TARGET, library.SdFewRowMatmul),
                            (BF16_INPUT_MATMUL_TARGET,
                             library.SdBf16InputMatmul),
+                           (AMX_SPLIT_MATMUL_TARGET,
+                            library.SdAmxSplitMatmul),
                            (ATTENTION_TARGET, library.SdDecodeAttention)):
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol),
                                   platform='cpu')

@@ -28,6 +28,7 @@ the target, 4 MB for the tiny draft), all of them in float32 panels.
 
 from typing import Any, Dict
 
+import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import kernels
@@ -42,11 +43,16 @@ JOINED_WI = 'joined_wi'
 def _pack(kernel_arrays, activation_dtype) -> kernels.PackedKernel:
   joined = np.concatenate([np.asarray(k, np.float32) for k in kernel_arrays],
                           axis=1)
-  if kernels.product_inputs() == 'bfloat16' and joined.shape[0] % 2 == 0:
+  even = joined.shape[0] % 2 == 0  # No T5 has an odd input width.
+  if kernels.product_inputs() == 'bfloat16' and even:
     return kernels.pack_kernel(joined, inputs='bfloat16')
-  # An odd input width (no T5 has one) keeps float32 inputs.
-  return kernels.pack_kernel(
-      joined, kernels.packed_dtype(joined, activation_dtype))
+  dtype = kernels.packed_dtype(joined, activation_dtype)
+  if (kernels.uses_amx() and even
+      and kernels.packed_dtype(joined) == np.dtype(jnp.bfloat16)):
+    # float32 inputs in bfloat16 parts on AMX tiles: weights that are
+    # bfloat16 values only (those products are then exact).
+    return kernels.pack_kernel(joined, dtype, amx=True)
+  return kernels.pack_kernel(joined, dtype)
 
 
 def _mlp(config: T5Config, mlp: Dict[str, Any], dtype) -> Dict[str, Any]:
@@ -75,7 +81,9 @@ def prepare(config: T5Config, params: Dict[str, Any]) -> Dict[str, Any]:
   (`kernels.packed_dtype`): bfloat16 for bfloat16 models and for float32
   weights that are bfloat16 values, float32 otherwise. With
   `kernels.set_product_inputs('bfloat16')` every kernel is packed for
-  bfloat16 inputs instead (weights rounded to bfloat16 too).
+  bfloat16 inputs instead (weights rounded to bfloat16 too). Where
+  `kernels.uses_amx()`, kernels holding bfloat16 values are laid out for
+  AMX tiles (float32 inputs in bfloat16 parts; the same bytes).
 
   Args:
     config: The model config.

@@ -239,7 +239,7 @@ class Model:
     # Placements of this model on meshes it was not sharded for (a draft
     # replicated beside a sharded target), made once per mesh.
     self._placements: Dict[Any, 'Model'] = {}
-    # Per `kernels.product_inputs()` setting.
+    # Per `kernels.available()` path (product inputs, AMX or not).
     self._decode_kernels: Dict[str, Params] = {}
     self._placed = False  # `device_params` has run.
 
@@ -282,20 +282,20 @@ class Model:
   def decode_kernels(self) -> Optional[Params]:
     """The model's kernels laid out for the few-row CPU kernel, or None.
 
-    Prepared on first use for the current `kernels.product_inputs()` and
-    kept, one copy per setting used (`decode_kernels.prepare` says what a
-    copy costs in memory). None, so
+    Prepared on first use for the current `kernels.available()` path (the
+    product inputs, AMX tiles or not) and kept, one copy per path used
+    (`decode_kernels.prepare` says what a copy costs in memory). None, so
     decoding uses XLA's dots, when the kernel is switched off or not built
     (`spec_decode.kernels.available()`), off a CPU, or for a model sharded
     over a mesh.
     """
     if self._partitioning is not None or not kernels.enabled():
       return None
-    inputs = kernels.product_inputs()
-    if inputs not in self._decode_kernels:
-      self._decode_kernels[inputs] = decode_kernels.prepare(self._config,
-                                                            self._params)
-    return self._decode_kernels[inputs]
+    path = kernels.available()
+    if path not in self._decode_kernels:
+      self._decode_kernels[path] = decode_kernels.prepare(self._config,
+                                                          self._params)
+    return self._decode_kernels[path]
 
   def shard(self, mesh: jax.sharding.Mesh,
             rules: Optional[Sequence[Tuple[str, Optional[str]]]] = None
