@@ -14,6 +14,10 @@ scoring, accelerators and sharded models keep XLA's dots.
   kernels.available()      # 'avx2', 'avx512', 'avx512+amx', 'portable' or 'xla'
   kernels.set_enabled(False)   # or SPEC_DECODE_KERNELS=off: XLA's dots
 
+Here: the products and the attention as JAX ops (`matmul`, `attention`);
+`settings.py`: which path runs (switches, product inputs, AMX);
+`packing.py`: the weights' layouts; `library.py`: the compiled library.
+
 Every output element is one float32 fused multiply-add chain over k in
 order, whatever the number of rows, the tile or the instruction set, so a
 row's result does not depend on the rows computed with it, and the AVX2,
@@ -42,291 +46,31 @@ changes results (each input by up to 2^-9 relative), so it is off by
 default; baseline and speculative decoding both use it when set.
 """
 
-import contextlib
-import os
-from typing import Iterator, Optional
-
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from spec_decode.kernels import library
+from spec_decode.kernels.packing import PANEL
+from spec_decode.kernels.packing import PackedKernel
+from spec_decode.kernels.packing import pack_kernel
+from spec_decode.kernels.packing import packed_dtype
+from spec_decode.kernels.packing import unpack_kernel
+from spec_decode.kernels.settings import MAX_ROWS
+from spec_decode.kernels.settings import PRODUCT_INPUTS
+from spec_decode.kernels.settings import amx_enabled_as
+from spec_decode.kernels.settings import available
+from spec_decode.kernels.settings import enabled
+from spec_decode.kernels.settings import enabled_as
+from spec_decode.kernels.settings import pays_for
+from spec_decode.kernels.settings import product_inputs
+from spec_decode.kernels.settings import product_inputs_as
+from spec_decode.kernels.settings import set_amx_enabled
+from spec_decode.kernels.settings import set_enabled
+from spec_decode.kernels.settings import set_product_inputs
+from spec_decode.kernels.settings import uses_amx
 
 Array = jax.Array
-
-PANEL = 32  # Output columns per panel (few_rows.cc's kPanel).
-
-# The kernel runs products of up to this many rows (batch x chunk tokens);
-# larger ones are compute-bound and go to XLA's dots, which were as fast
-# from about 96 rows on (scripts/k_token_dots.py measures the crossover).
-MAX_ROWS = 96
-
-_OFF = ('0', 'off', 'false', 'no')
-_SWITCH_VARIABLE = 'SPEC_DECODE_KERNELS'
-_enabled = os.environ.get(_SWITCH_VARIABLE, 'on').strip().lower() not in _OFF
-_AMX_VARIABLE = 'SPEC_DECODE_AMX'
-_amx_enabled = os.environ.get(_AMX_VARIABLE, 'on').strip().lower() not in _OFF
-
-# What a product's activations enter the kernel as: 'float32' (exact) or
-# 'bfloat16' (rounded, twice the arithmetic rate on AVX512_BF16 CPUs).
-PRODUCT_INPUTS = ('float32', 'bfloat16')
-_INPUTS_VARIABLE = 'SPEC_DECODE_KERNEL_INPUTS'
-_product_inputs = os.environ.get(_INPUTS_VARIABLE, 'float32').strip().lower()
-
-
-def set_enabled(enabled: bool) -> None:
-  """Turns the kernel on or off for models prepared from now on.
-
-  Models whose decode kernels were already prepared keep them; `Model`
-  prepares them on first use and remembers the switch it saw.
-  Environment: SPEC_DECODE_KERNELS=off starts a process with it off.
-  """
-  global _enabled
-  _enabled = bool(enabled)
-
-
-@contextlib.contextmanager
-def enabled_as(enabled: bool) -> Iterator[None]:
-  """`set_enabled(enabled)` inside a `with` block, restored after it."""
-  before = _enabled
-  set_enabled(enabled)
-  try:
-    yield
-  finally:
-    set_enabled(before)
-
-
-def set_amx_enabled(enabled: bool) -> None:
-  """Whether products may run on AMX tiles, for models prepared from now on.
-
-  Off, float32-input products keep the FMA chain (the same bits as on any
-  other CPU) and bfloat16-input products VDPBF16PS. Models keep the kernels
-  they prepared under each setting. Environment: SPEC_DECODE_AMX=off.
-  """
-  global _amx_enabled
-  _amx_enabled = bool(enabled)
-
-
-@contextlib.contextmanager
-def amx_enabled_as(enabled: bool) -> Iterator[None]:
-  """`set_amx_enabled(enabled)` inside a `with` block, restored after it."""
-  before = _amx_enabled
-  set_amx_enabled(enabled)
-  try:
-    yield
-  finally:
-    set_amx_enabled(before)
-
-
-def uses_amx() -> bool:
-  """Whether products run on AMX tiles now: switched on, and the CPU and
-  OS allow it (`library.has_amx()`)."""
-  return _amx_enabled and library.has_amx()
-
-
-def _check_inputs(inputs: str) -> str:
-  if inputs not in PRODUCT_INPUTS:
-    raise ValueError(f'product inputs (set_product_inputs, or '
-                     f'{_INPUTS_VARIABLE}) must be one of {PRODUCT_INPUTS}, '
-                     f'got {inputs!r}.')
-  return inputs
-
-
-def set_product_inputs(inputs: str) -> None:
-  """What decoder products' activations enter the kernel as, from now on.
-
-  Args:
-    inputs: 'float32' (exact; the default) or 'bfloat16' (rounded at each
-      product, float32 sums: TPU default-precision semantics). Models
-      prepare their kernels once per setting (`Model.decode_kernels`).
-      Environment: SPEC_DECODE_KERNEL_INPUTS=bfloat16.
-
-  Raises:
-    ValueError: `inputs` is neither.
-  """
-  global _product_inputs
-  _product_inputs = _check_inputs(inputs)
-
-
-@contextlib.contextmanager
-def product_inputs_as(inputs: str) -> Iterator[None]:
-  """`set_product_inputs(inputs)` inside a `with` block, restored after it."""
-  before = _product_inputs
-  set_product_inputs(inputs)
-  try:
-    yield
-  finally:
-    set_product_inputs(before)
-
-
-def product_inputs() -> str:
-  """'float32' or 'bfloat16': what decoder products' activations enter as."""
-  return _check_inputs(_product_inputs)
-
-
-def enabled() -> bool:
-  """Whether decoding uses the kernel now: switched on, built, on a CPU."""
-  return (_enabled and jax.default_backend() == 'cpu'
-          and library.load() is not None)
-
-
-def available() -> str:
-  """Which path computes decoder products at decode time in this process.
-
-  Returns:
-    'avx512', 'avx2' or 'portable' (the kernel's code path on this CPU),
-    'avx512+amx' (float32 inputs in bfloat16 parts on AMX tiles, for
-    bfloat16-valued weights), or 'xla' (switched off, not built, or not on
-    a CPU); with bfloat16 product inputs, '+bf16 inputs (amx)',
-    '+bf16 inputs (vdpbf16ps)' or '+bf16 inputs (fma)' follows the code
-    path: AMX tiles, the AVX512_BF16 instruction or float32 FMAs compute
-    them.
-  """
-  if not enabled():
-    return 'xla'
-  path = library.ISA_NAMES[library.best_isa()]
-  if product_inputs() == 'bfloat16':
-    how = ('amx' if uses_amx() else
-           'vdpbf16ps' if library.has_avx512_bf16() else 'fma')
-    return path + f'+bf16 inputs ({how})'
-  return path + '+amx' if uses_amx() else path
-
-
-@flax.struct.dataclass
-class PackedKernel:
-  """A [K, N] kernel in the few-row kernel's layout, prepared once.
-
-  Attributes:
-    panels: [ceil(N / 32), K, 32] float32 or bfloat16: column panels, each
-      a contiguous stream, zero past N. bfloat16 panels interleave each
-      16-column half (slot 2i: column i, slot 2i + 1: column 8 + i).
-      With bfloat16 inputs: [ceil(N / 32), K / 2, 64] bfloat16, panel row
-      r holding (W[2r][c], W[2r + 1][c]) for c = 0..31.
-      The same pair layout with float32 inputs on AMX tiles.
-    features: N, the product's output width.
-    inputs: 'float32' or 'bfloat16': what the activations enter as.
-    amx: Products run on AMX tiles (float32 inputs in three bfloat16
-      parts, or bfloat16 inputs as they are).
-  """
-  panels: Array
-  features: int = flax.struct.field(pytree_node=False)
-  inputs: str = flax.struct.field(pytree_node=False, default='float32')
-  amx: bool = flax.struct.field(pytree_node=False, default=False)
-
-  @property
-  def pairs(self) -> bool:
-    """Whether the panels hold weight pairs ([P, K / 2, 64])."""
-    return self.inputs == 'bfloat16' or self.amx
-
-  @property
-  def depth(self) -> int:
-    """K, the contracted width."""
-    if self.pairs:
-      return 2 * self.panels.shape[1]
-    return self.panels.shape[1]
-
-
-def _bf16_slots() -> np.ndarray:
-  column = np.arange(PANEL)
-  return (column // 16) * 16 + 2 * (column % 8) + (column % 16) // 8
-
-
-def packed_dtype(kernel: np.ndarray, activation_dtype=jnp.float32):
-  """The panel dtype that changes no result, preferring half the bytes.
-
-  bfloat16 when the model computes in bfloat16 (its dots round the kernel
-  to bfloat16 anyway) or when every weight is a bfloat16 value already (the
-  shipped models are stored so); float32 otherwise.
-  """
-  if jnp.dtype(activation_dtype) == jnp.bfloat16:
-    return jnp.bfloat16
-  as_float = np.asarray(kernel, np.float32)
-  rounded = np.asarray(jnp.asarray(as_float, jnp.bfloat16).astype(jnp.float32))
-  return jnp.bfloat16 if np.array_equal(as_float, rounded) else jnp.float32
-
-
-def pack_kernel(kernel, dtype=None, inputs: str = 'float32',
-                amx: Optional[bool] = None) -> PackedKernel:
-  """Lays out a T5X [in, out] kernel for the few-row kernel.
-
-  Args:
-    kernel: [K, N] array (numpy or jax), T5X's layout.
-    dtype: jnp.float32 or jnp.bfloat16; None picks `packed_dtype`.
-    inputs: 'float32', or 'bfloat16' (activations rounded at the product;
-      the weights are then rounded to bfloat16 too, and K must be even).
-    amx: Run the products on AMX tiles. None: with bfloat16 inputs where
-      `uses_amx()`, never with float32 inputs (their weights are then laid
-      out for the tiles: they must be bfloat16 values, K even).
-
-  Returns:
-    A `PackedKernel` on the default device.
-
-  Raises:
-    ValueError: `kernel` is not 2-D, `dtype` is neither, `inputs` is
-      'bfloat16' with float32 `dtype` or an odd K, or `amx` is asked for
-      where the tiles are not usable, or with float32 inputs for weights
-      that are not bfloat16 values or an odd K.
-  """
-  kernel = np.asarray(kernel, np.float32)
-  if kernel.ndim != 2:
-    raise ValueError(f'kernel must be 2-D [in, out], got shape '
-                     f'{kernel.shape}.')
-  _check_inputs(inputs)
-  if inputs == 'bfloat16':
-    dtype = jnp.bfloat16 if dtype is None else jnp.dtype(dtype)
-  dtype = packed_dtype(kernel) if dtype is None else jnp.dtype(dtype)
-  if dtype not in (jnp.float32, jnp.bfloat16):
-    raise ValueError(f'dtype must be float32 or bfloat16, got {dtype}.')
-  depth, features = kernel.shape
-  if inputs == 'bfloat16' and (dtype != jnp.bfloat16 or depth % 2):
-    raise ValueError(f"inputs='bfloat16' needs dtype bfloat16 and an even "
-                     f'input width; got {dtype} and kernel shape '
-                     f'{kernel.shape}.')
-  if amx is None:
-    amx = inputs == 'bfloat16' and uses_amx()
-  if amx and not library.has_amx():
-    raise ValueError('amx=True: AMX tiles are not usable on this CPU or OS '
-                     '(spec_decode.kernels.library.has_amx()).')
-  if amx and inputs == 'float32' and (
-      packed_dtype(kernel) != jnp.bfloat16 or dtype != jnp.bfloat16
-      or depth % 2):
-    raise ValueError(f'amx=True with float32 inputs needs weights that are '
-                     f'bfloat16 values, dtype bfloat16 and an even input '
-                     f'width; got dtype {jnp.dtype(dtype).name} and kernel shape '
-                     f'{kernel.shape}.')
-  count = -(-features // PANEL)
-  padded = np.zeros((depth, count * PANEL), np.float32)
-  padded[:, :features] = kernel
-  if inputs == 'bfloat16' or amx:
-    # [K, P * 32] -> [K / 2, 2, P, 32] -> [P, K / 2, 32, 2] -> [P, K / 2, 64]
-    paired = padded.reshape(depth // 2, 2, count, PANEL).transpose(2, 0, 3, 1)
-    return PackedKernel(
-        panels=jnp.asarray(paired.reshape(count, depth // 2, 2 * PANEL),
-                           jnp.bfloat16),
-        features=features, inputs=inputs, amx=bool(amx))
-  # [K, P * 32] -> [P, K, 32]
-  panels = padded.reshape(depth, count, PANEL).transpose(1, 0, 2)
-  if dtype == jnp.bfloat16:
-    interleaved = np.empty_like(panels)
-    interleaved[..., _bf16_slots()] = panels
-    panels = interleaved
-  return PackedKernel(panels=jnp.asarray(panels, dtype), features=features)
-
-
-def unpack_kernel(packed: PackedKernel) -> np.ndarray:
-  """The [K, N] float32 kernel a `PackedKernel` holds (for checks)."""
-  panels = np.asarray(packed.panels.astype(jnp.float32))
-  if packed.pairs:
-    count, pairs, _ = panels.shape
-    # [P, K / 2, 32, 2] -> [K / 2, 2, P, 32]
-    return panels.reshape(count, pairs, PANEL, 2).transpose(1, 3, 0, 2).reshape(
-        2 * pairs, count * PANEL)[:, :packed.features]
-  if packed.panels.dtype == jnp.bfloat16:
-    panels = panels[..., _bf16_slots()]
-  count, depth, _ = panels.shape
-  return panels.transpose(1, 0, 2).reshape(depth, count * PANEL)[
-      :, :packed.features]
 
 
 def matmul(x: Array, packed: PackedKernel, *, isa: int = library.ISA_BEST,
@@ -448,13 +192,8 @@ def attention(query: Array, key: Array, value: Array, bias: Array, *,
               threads=np.int32(threads))
 
 
-def pays_for(rows: int) -> bool:
-  """Whether a product of `rows` rows should run on the kernel."""
-  return 1 <= rows <= MAX_ROWS
-
-
 __all__ = [
-    'MAX_ROWS', 'PRODUCT_INPUTS', 'PackedKernel', 'amx_enabled_as',
+    'MAX_ROWS', 'PANEL', 'PRODUCT_INPUTS', 'PackedKernel', 'amx_enabled_as',
     'attention', 'available', 'enabled', 'enabled_as', 'matmul',
     'pack_kernel', 'packed_dtype', 'pays_for', 'product_inputs',
     'product_inputs_as', 'set_amx_enabled', 'set_enabled',
