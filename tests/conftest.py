@@ -58,7 +58,7 @@ def decoder_compiles():
   it is still a compile in the middle of a run)."""
   names = []
   programs = ('jit(baseline_generate)', 'jit(_speculative_generate)',
-              'jit(_as_auto_result)')
+              'jit(_baseline_as_auto)')
 
   def listener(event, duration, **kwargs):
     del duration
