@@ -87,6 +87,7 @@ def test_fixture_on_8_way_model_parallelism_names_the_parameter():
     sd.load_t5x_checkpoint(ZARR, config, mesh=mesh)
 
 
+@requires_fixtures
 def test_mesh_without_config_is_refused():
   mesh = device_mesh.make_mesh(num_partitions=2)
   with pytest.raises(ValueError, match='mesh needs config'):
