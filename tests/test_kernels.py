@@ -1,7 +1,10 @@
 """The few-row CPU kernel: values, batch invariance, paths, fallback, errors."""
 
 import os
+import platform
+import re
 import shlex
+import shutil
 import subprocess
 import sysconfig
 import tempfile
@@ -59,6 +62,35 @@ def test_library_built_where_a_compiler_exists():
   assert library.load() is not None
   assert kernels.available() in ('avx2', 'avx512', 'avx512+amx', 'portable')
   assert kernels.available().endswith('+amx') == library.has_amx()
+
+
+@built
+def test_every_tile_asks_for_its_weights_ahead():
+  # The products stream their weights from memory a block ahead of use
+  # (few_rows.cc, bf16_products.cc); GCC 12 once deleted every prefetch
+  # without a word (cpu_features.h, SD_ALWAYS_INLINE), and the kernels ran
+  # at ~0.8x until someone read the machine code. Read it here: each tile
+  # function of the vector and portable paths holds a prefetch.
+  if platform.machine().lower() not in ('x86_64', 'amd64'):
+    pytest.skip('reads x86 machine code')
+  if shutil.which('objdump') is None:
+    pytest.skip('objdump (binutils) is not installed')
+  listing = subprocess.run(
+      ['objdump', '-d', '-C', '--no-show-raw-insn', library.library_path()],
+      capture_output=True, text=True, check=True).stdout
+  prefetches = {}
+  name = None
+  for line in listing.splitlines():
+    header = re.match(r'^[0-9a-f]+ <(.*)>:$', line)
+    if header:
+      name = header.group(1)
+      tile = re.search(r'\b(Pair)?Tile(Portable|Avx2|HalfAvx2|Avx512)\w*<', name)
+      if tile:
+        prefetches[name] = 0
+    elif name in prefetches and 'prefetcht0' in line:
+      prefetches[name] += 1
+  assert len(prefetches) >= 40, sorted(prefetches)
+  assert not [n for n, count in prefetches.items() if count == 0]
 
 
 def _weights(depth, features, seed, dtype):

@@ -81,7 +81,7 @@ struct PairTile {
   bool prefetch;  // Ask for the next block (the block's first tile does).
 };
 
-inline void PrefetchPairRow(const PairTile& t, int64_t r) {
+SD_ALWAYS_INLINE void PrefetchPairRow(const PairTile& t, int64_t r) {
   if (!t.prefetch) return;
   const char* row = reinterpret_cast<const char*>(t.panel + (r + kBlockPairs) * kPairRow);
   __builtin_prefetch(row, 0, 3);

@@ -16,6 +16,13 @@
 #define SD_X86 0
 #endif
 
+// For a helper that only prefetches: GCC 12's interprocedural passes
+// (ipa-pure-const, ipa-modref) find such a function free of side effects
+// when it is not yet inlined and delete every call to it, prefetches and
+// all. Inlined first, its prefetches stay (tests/test_kernels.py counts
+// them in the built library).
+#define SD_ALWAYS_INLINE inline __attribute__((always_inline))
+
 namespace spec_decode {
 
 enum Isa : int32_t {

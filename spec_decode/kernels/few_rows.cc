@@ -83,7 +83,7 @@ struct Tile {
 constexpr int64_t kBlockDepth = 64;
 
 template <bool kBf16>
-inline void PrefetchRow(const Tile& t, const void* panel, int64_t k) {
+SD_ALWAYS_INLINE void PrefetchRow(const Tile& t, const void* panel, int64_t k) {
   if (!t.prefetch) return;
   constexpr int64_t kRowBytes = kBf16 ? 2 * kPanel : 4 * kPanel;
   const char* row =
