@@ -56,6 +56,7 @@ FEW_ROW_KERNEL = setuptools.Extension(
     sources=['spec_decode/kernels/few_rows.cc',
              'spec_decode/kernels/bf16_products.cc',
              'spec_decode/kernels/amx_products.cc',
+             'spec_decode/kernels/amx_split.cc',
              'spec_decode/kernels/peak_rate.cc',
              'spec_decode/kernels/decode_attention.cc'],
     depends=['spec_decode/kernels/amx_products.h',

@@ -1,14 +1,27 @@
 // Products on AMX tiles (`amx_products.cc`): the bfloat16-input product
 // `bf16_products.cc`'s handler runs where the CPU has AMX-BF16 and the OS
 // lets the process use it (`isa` kBest or kAmxIsa), and the float32-input
-// product in bfloat16 parts (its own FFI target, `SdAmxSplitMatmul`).
+// product in bfloat16 parts (`amx_split.cc`, its own FFI target,
+// `SdAmxSplitMatmul`).
 
 #ifndef SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
 #define SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
 
 #include <cstdint>
 
+#include "cpu_features.h"
 #include "xla/ffi/api/ffi.h"
+
+// AMX intrinsics came with GCC 11 and Clang 12; an older compiler builds
+// the library without the AMX paths (AmxUsable() is then false).
+#if SD_X86 && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define SD_AMX 1
+#define SD_TARGET_AMX                                                  \
+  __attribute__((target(                                               \
+      "amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")))
+#else
+#define SD_AMX 0
+#endif
 
 namespace spec_decode {
 
@@ -25,6 +38,15 @@ bool AmxUsable();
 void AmxProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                 const uint16_t* x, const uint16_t* w, float* y, int64_t m,
                 int64_t k, int64_t n);
+
+// y[M, N] = sum over j of x[parts i + j] @ W for each row i
+// < M, K even: each row of y from `parts` consecutive bfloat16 rows of x
+// ([parts * M, K] bits), their sums added from the last to the first (the
+// same order whatever M). W packed as above.
+// Call only where AmxUsable().
+void AmxPartsProduct(xla::ffi::ThreadPool& pool, int32_t threads,
+                     const uint16_t* x, int64_t parts, const uint16_t* w,
+                     float* y, int64_t m, int64_t k, int64_t n);
 
 // y[M, N] = x[M, K] @ W for float32 x on AMX tiles, W packed as above and
 // holding bfloat16 values: each row of x goes in as three bfloat16 parts
