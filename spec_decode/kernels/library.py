@@ -1,9 +1,10 @@
 """Finding, loading and registering the compiled CPU decoding kernels.
 
 `pip install .` compiles `few_rows.cc` (the few-row matrix product),
-`bf16_products.cc` (its bfloat16-input form), `amx_products.cc` (both on
-AMX tiles), `decode_attention.cc` and
-`peak_rate.cc` (the CPU's multiply-add rate, for the scripts) into one shared library next to this file
+`bf16_products.cc` (its bfloat16-input form), `amx_products.cc` and
+`amx_split.cc` (both on AMX tiles, float32 inputs as bfloat16 parts),
+`decode_attention.cc` and `peak_rate.cc` (the CPU's multiply-add rate, for
+the scripts) into one shared library next to this file
 (`_few_rows*.so`; see setup.py). Where it was not built (no C++
 compiler at install time, a platform without one) or cannot load, decoding
 uses XLA's dots and this says so once in the log.
