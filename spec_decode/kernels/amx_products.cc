@@ -148,11 +148,12 @@ SD_ALWAYS_INLINE void PrefetchNextStep(const uint16_t* step) {
 // asked for ahead. On a chain of 24 products of 512 x 2048 bfloat16
 // weights on a 2-vCPU Sapphire Rapids class VM (interleaved in one
 // process, two runs): 6 float32 rows 2.05-2.07 -> 1.85-1.93 ms, 8 rows
-// 2.20-2.27 -> 2.11 ms; either change alone, no gain; the prefetch at one
-// group, none at 1 row (and 4-5% dearer one-token decoder calls), so one
-// group runs as before. Past 16 tile rows the tiles' multiplies, in
-// proportion to their rows, set the cost, not the weights. Each row's sums
-// take the same steps in the same order whichever tile holds it.
+// 2.20-2.27 -> 2.11 ms; either change alone gained nothing. With one group
+// (1 row) the prefetch gained nothing either and one-token decoder calls
+// measured 4-5% dearer with it, so one group runs as before. Past 16 tile
+// rows the tiles' multiplies (four per depth step against two) set the
+// cost, not the weights. Each row's sums take the same steps in the same
+// order whichever tile holds it.
 template <int kJoint>
 SD_TARGET_AMX void AccumulatePanel(const AmxJob& job, const uint16_t* panel,
                                    int64_t first_group, float* sums) {

@@ -53,11 +53,10 @@ void AmxProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                 const uint16_t* x, const uint16_t* w, float* y, int64_t m,
                 int64_t k, int64_t n);
 
-// y[M, N] = sum over j of x[parts i + j] @ W for each row i
-// < M, K even: each row of y from `parts` consecutive bfloat16 rows of x
-// ([parts * M, K] bits), their sums added from the last to the first (the
-// same order whatever M). W packed as above.
-// Call only where AmxUsable().
+// y[i] = sum over j < parts of x[parts * i + j] @ W for i < M, K even:
+// each row of y from `parts` consecutive bfloat16 rows of x ([parts * M, K]
+// bits), their sums added from the last to the first (the same order
+// whatever M). W packed as above. Call only where AmxUsable().
 void AmxPartsProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                      const uint16_t* x, int64_t parts, const uint16_t* w,
                      float* y, int64_t m, int64_t k, int64_t n);
