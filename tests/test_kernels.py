@@ -67,10 +67,11 @@ def test_library_built_where_a_compiler_exists():
 @built
 def test_every_tile_asks_for_its_weights_ahead():
   # The products stream their weights from memory a block ahead of use
-  # (few_rows.cc, bf16_products.cc); GCC 12 once deleted every prefetch
-  # without a word (cpu_features.h, SD_ALWAYS_INLINE), and the kernels ran
-  # at ~0.8x until someone read the machine code. Read it here: each tile
-  # function of the vector and portable paths holds a prefetch.
+  # (few_rows.cc, bf16_products.cc, amx_products.cc); GCC 12 once deleted
+  # every prefetch without a word (cpu_features.h, SD_ALWAYS_INLINE), and
+  # the kernels ran at ~0.8x until someone read the machine code. Read it
+  # here: each tile function of the vector and portable paths holds a
+  # prefetch, and so does the AMX path where it was compiled.
   if platform.machine().lower() not in ('x86_64', 'amd64'):
     pytest.skip('reads x86 machine code')
   if shutil.which('objdump') is None:
@@ -78,19 +79,25 @@ def test_every_tile_asks_for_its_weights_ahead():
   listing = subprocess.run(
       ['objdump', '-d', '-C', '--no-show-raw-insn', library.library_path()],
       capture_output=True, text=True, check=True).stdout
-  prefetches = {}
+  bodies = {}  # Function name: its instructions.
   name = None
   for line in listing.splitlines():
     header = re.match(r'^[0-9a-f]+ <(.*)>:$', line)
     if header:
       name = header.group(1)
-      tile = re.search(r'\b(Pair)?Tile(Portable|Avx2|HalfAvx2|Avx512)\w*<', name)
-      if tile:
-        prefetches[name] = 0
-    elif name in prefetches and 'prefetcht0' in line:
-      prefetches[name] += 1
+      bodies[name] = []
+    elif name is not None:
+      bodies[name].append(line)
+  prefetches = {
+      name: sum('prefetcht0' in line for line in body)
+      for name, body in bodies.items()
+      if re.search(r'\b(Pair)?Tile(Portable|Avx2|HalfAvx2|Avx512)\w*<', name)}
   assert len(prefetches) >= 40, sorted(prefetches)
   assert not [n for n, count in prefetches.items() if count == 0]
+  amx = [body for body in bodies.values()
+         if any('tdpbf16ps' in line for line in body)]
+  if amx:  # The AMX path was compiled.
+    assert any(any('prefetcht0' in line for line in body) for body in amx)
 
 
 def _weights(depth, features, seed, dtype):
