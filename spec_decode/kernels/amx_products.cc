@@ -47,9 +47,6 @@ namespace {
 constexpr int64_t kAmxRows = 16;   // Rows of an input or sum tile.
 constexpr int64_t kAmxPairs = 16;  // Pairs of a depth step.
 
-constexpr int64_t kPanel = 32;            // Output columns per panel.
-constexpr int64_t kPairRow = 2 * kPanel;  // bfloat16 values per panel row.
-
 }  // namespace
 
 #if SD_AMX
@@ -97,13 +94,10 @@ struct AmxJob {
                       // inputs split in bfloat16 parts).
   int64_t tile_rows;  // Rows of the input and sum tiles: parts x M up to
                       // 16, else split evenly over the groups.
+  int joint;          // Groups run together (AccumulatePanel<joint>): 2
+                      // past one group where the depth has no tail (the
+                      // tiles would not hold a tail's three), else 1.
 };
-
-// Groups of tile rows run together: two where their count is even and the
-// depth has no tail (the tiles would not hold a tail's three), else one.
-int JointGroups(const AmxJob& job) {
-  return job.groups % 2 == 0 && job.pairs % kAmxPairs == 0 ? 2 : 1;
-}
 
 // y's columns [column, column + ncols) of every output row from a panel's
 // sums, [parts x M][32]: a row's parts added from the smallest (last) to
@@ -116,12 +110,12 @@ SD_TARGET_AMX void CombineParts(const AmxJob& job, const float* sums,
       ncols >= 32 ? 0xFFFF : ncols <= 16 ? 0 : (1u << (ncols - 16)) - 1);
   for (int64_t row = 0; row < job.m; ++row) {
     float* out = job.y + row * job.n + column;
-    const float* part = sums + row * job.parts * kPanel;
-    __m512 low = _mm512_loadu_ps(part + (job.parts - 1) * kPanel);
-    __m512 high = _mm512_loadu_ps(part + (job.parts - 1) * kPanel + 16);
+    const float* part = sums + row * job.parts * kPairPanel;
+    __m512 low = _mm512_loadu_ps(part + (job.parts - 1) * kPairPanel);
+    __m512 high = _mm512_loadu_ps(part + (job.parts - 1) * kPairPanel + 16);
     for (int64_t j = job.parts - 2; j >= 0; --j) {
-      low = _mm512_add_ps(low, _mm512_loadu_ps(part + j * kPanel));
-      high = _mm512_add_ps(high, _mm512_loadu_ps(part + j * kPanel + 16));
+      low = _mm512_add_ps(low, _mm512_loadu_ps(part + j * kPairPanel));
+      high = _mm512_add_ps(high, _mm512_loadu_ps(part + j * kPairPanel + 16));
     }
     _mm512_mask_storeu_ps(out, low_mask, low);
     _mm512_mask_storeu_ps(out + 16, high_mask, high);
@@ -159,7 +153,7 @@ SD_TARGET_AMX void AccumulatePanel(const AmxJob& job, const uint16_t* panel,
                                    int64_t first_group, float* sums) {
   const int64_t x_stride = 4 * job.pairs;          // Bytes per input row.
   constexpr int64_t kWeightStride = 2 * kPairRow;  // Bytes per pair row.
-  constexpr int64_t kSumStride = kPanel * sizeof(float);
+  constexpr int64_t kSumStride = kPairPanel * sizeof(float);
   const int64_t group_values = job.tile_rows * 2 * job.pairs;
   const uint16_t* x = job.x + first_group * group_values;
   // Later pairs of groups find the panel in L2.
@@ -177,13 +171,13 @@ SD_TARGET_AMX void AccumulatePanel(const AmxJob& job, const uint16_t* panel,
     if (prefetch) PrefetchNextStep(w);
     if constexpr (kJoint == 1) {
       _tile_loadd(3, w, kWeightStride);
-      _tile_loadd(4, w + kPanel, kWeightStride);
+      _tile_loadd(4, w + kPairPanel, kWeightStride);
       _tile_loadd(2, x + 2 * r, x_stride);
       _tile_dpbf16ps(0, 2, 3);
       _tile_dpbf16ps(1, 2, 4);
     } else {
       _tile_loadd(6, w, kWeightStride);
-      _tile_loadd(7, w + kPanel, kWeightStride);
+      _tile_loadd(7, w + kPairPanel, kWeightStride);
       _tile_loadd(4, x + 2 * r, x_stride);
       _tile_loadd(5, x + group_values + 2 * r, x_stride);
       _tile_dpbf16ps(0, 4, 6);
@@ -196,7 +190,7 @@ SD_TARGET_AMX void AccumulatePanel(const AmxJob& job, const uint16_t* panel,
     if (r < job.pairs) {
       _tile_loadd(5, x + 2 * r, x_stride);
       _tile_loadd(6, panel + r * kPairRow, kWeightStride);
-      _tile_loadd(7, panel + r * kPairRow + kPanel, kWeightStride);
+      _tile_loadd(7, panel + r * kPairRow + kPairPanel, kWeightStride);
       _tile_dpbf16ps(0, 5, 6);
       _tile_dpbf16ps(1, 5, 7);
     }
@@ -204,7 +198,7 @@ SD_TARGET_AMX void AccumulatePanel(const AmxJob& job, const uint16_t* panel,
   _tile_stored(0, sums, kSumStride);
   _tile_stored(1, sums + 16, kSumStride);
   if constexpr (kJoint == 2) {
-    float* next_sums = sums + job.tile_rows * kPanel;
+    float* next_sums = sums + job.tile_rows * kPairPanel;
     _tile_stored(2, next_sums, kSumStride);
     _tile_stored(3, next_sums + 16, kSumStride);
   }
@@ -212,17 +206,17 @@ SD_TARGET_AMX void AccumulatePanel(const AmxJob& job, const uint16_t* panel,
 
 // The tile configuration of AccumulatePanel<kJoint> (palette 1: rows and
 // bytes per row of each tile).
-void ConfigureTiles(const AmxJob& job, int joint, AmxTileConfig& config) {
+void ConfigureTiles(const AmxJob& job, AmxTileConfig& config) {
   config = {};
   config.palette = 1;
-  const int inputs_end = 3 * joint;  // Sums and inputs: tile_rows rows.
+  const int inputs_end = 3 * job.joint;  // Sums and inputs: tile_rows rows.
   for (int tile = 0; tile < inputs_end + 2; ++tile) {
     config.rows[tile] = static_cast<uint8_t>(
         tile < inputs_end ? job.tile_rows : kAmxPairs);
     config.bytes_per_row[tile] = 64;
   }
   const int64_t tail = job.pairs % kAmxPairs;
-  if (joint == 1 && tail > 0) {
+  if (job.joint == 1 && tail > 0) {
     config.rows[5] = static_cast<uint8_t>(job.tile_rows);
     config.bytes_per_row[5] = static_cast<uint16_t>(4 * tail);
     config.rows[6] = config.rows[7] = static_cast<uint8_t>(tail);
@@ -231,29 +225,27 @@ void ConfigureTiles(const AmxJob& job, int joint, AmxTileConfig& config) {
 }
 
 // Panels [first, last): for each, every group of tile rows over the whole
-// depth, two at a time where the job allows (JointGroups), then the
-// panel's columns of y.
+// depth, `job.joint` at a time, then the panel's columns of y.
 SD_TARGET_AMX void RunAmxPanels(const AmxJob& job, int64_t first,
                                 int64_t last) {
-  const int joint = JointGroups(job);
   AmxTileConfig config;
-  ConfigureTiles(job, joint, config);
+  ConfigureTiles(job, config);
   _tile_loadconfig(&config);
   // A panel's sums for every tile row, [groups * tile_rows][32].
   thread_local std::vector<float> panel_sums;
-  panel_sums.resize(static_cast<size_t>(job.groups * job.tile_rows * kPanel));
+  panel_sums.resize(static_cast<size_t>(job.groups * job.tile_rows * kPairPanel));
   for (int64_t p = first; p < last; ++p) {
     const uint16_t* panel = job.w + p * job.pairs * kPairRow;
-    for (int64_t g = 0; g < job.groups; g += joint) {
-      float* sums = panel_sums.data() + g * job.tile_rows * kPanel;
-      if (joint == 2) {
+    for (int64_t g = 0; g < job.groups; g += job.joint) {
+      float* sums = panel_sums.data() + g * job.tile_rows * kPairPanel;
+      if (job.joint == 2) {
         AccumulatePanel<2>(job, panel, g, sums);
       } else {
         AccumulatePanel<1>(job, panel, g, sums);
       }
     }
-    CombineParts(job, panel_sums.data(), p * kPanel,
-                 std::min<int64_t>(kPanel, job.n - p * kPanel));
+    CombineParts(job, panel_sums.data(), p * kPairPanel,
+                 std::min<int64_t>(kPairPanel, job.n - p * kPairPanel));
   }
   _tile_release();
 }
@@ -276,13 +268,12 @@ void AmxPartsProduct(xla::ffi::ThreadPool& pool, int32_t threads,
   // Past 16 rows, tiles of equal rows: a tile's multiply takes time in
   // proportion to its rows, so 18 rows go as 9 + 9, not 16 + 16 with 14
   // rows of zeros (a 512 x 2048 product of 8 float32 rows in parts, 24
-  // tile rows, on a 2-vCPU Sapphire Rapids VM: 103-111 -> 86 us), and an
-  // even count of groups, which go two by two (JointGroups): 33 rows as
-  // 4 x 9, not 3 x 11, at the same multiply cost.
+  // tile rows, on a 2-vCPU Sapphire Rapids VM: 103-111 -> 86 us), and a
+  // count of groups that goes two by two where they run together: 33 rows
+  // as 4 x 9, not 3 x 11, at the same multiply cost.
   job.groups = (rows + kAmxRows - 1) / kAmxRows;
-  if (job.groups > 1 && job.groups % 2 == 1 && job.pairs % kAmxPairs == 0) {
-    ++job.groups;
-  }
+  job.joint = job.groups > 1 && job.pairs % kAmxPairs == 0 ? 2 : 1;
+  job.groups += job.groups % job.joint;
   job.tile_rows = (rows + job.groups - 1) / job.groups;
   // Whole tiles: the call's rows, then zeros where the groups hold more
   // (once per call; it lives until every helper is done, the caller
@@ -299,9 +290,9 @@ void AmxPartsProduct(xla::ffi::ThreadPool& pool, int32_t threads,
                     sizeof(uint16_t));
     job.x = padded;
   }
-  const int64_t panels = (job.n + kPanel - 1) / kPanel;
+  const int64_t panels = (job.n + kPairPanel - 1) / kPairPanel;
   ParallelOverPanels(pool, threads, panels,
-                     static_cast<size_t>(panels) * k * kPanel * 2,
+                     static_cast<size_t>(panels) * k * kPairPanel * 2,
                      [&job](int64_t first, int64_t last) {
                        RunAmxPanels(job, first, last);
                      });

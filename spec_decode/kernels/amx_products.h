@@ -29,6 +29,11 @@ namespace spec_decode {
 // The `isa` attribute value naming the AMX paths (`library.ISA_AMX`).
 constexpr int32_t kAmxIsa = 4;
 
+// The pair layout of `bf16_products.cc` ([P, K / 2, 64] bfloat16): output
+// columns per panel, and bfloat16 values per panel row (a pair per column).
+constexpr int64_t kPairPanel = 32;
+constexpr int64_t kPairRow = 2 * kPairPanel;
+
 // `buffer` resized to hold `values` bfloat16 values from a 64-byte aligned
 // start, which is returned: a tile row (64 bytes) that straddles two cache
 // lines loads slower (a 512 x 512 product of 8 float32 rows in parts on a

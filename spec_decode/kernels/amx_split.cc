@@ -14,12 +14,6 @@
 #include "cpu_features.h"
 
 namespace spec_decode {
-namespace {
-
-constexpr int64_t kPanel = 32;            // Output columns per panel.
-constexpr int64_t kPairRow = 2 * kPanel;  // bfloat16 values per panel row.
-
-}  // namespace
 
 #if SD_AMX
 namespace {
@@ -96,8 +90,8 @@ ffi::Error AmxSplitMatmul(ffi::ThreadPool pool, F32Matrix x,
   const auto y_dims = y->dimensions();
   const int64_t m = x_dims[0], k = x_dims[1], n = y_dims[1];
   if (w_dims[2] != kPairRow || k % 2 != 0 || w_dims[1] * 2 != k ||
-      y_dims[0] != m || n > w_dims[0] * kPanel ||
-      n <= (w_dims[0] - 1) * kPanel) {
+      y_dims[0] != m || n > w_dims[0] * kPairPanel ||
+      n <= (w_dims[0] - 1) * kPairPanel) {
     return ffi::Error::InvalidArgument(
         "amx_split_matmul: shapes of x [M, K] (K even), packed "
         "[ceil(N / 32), K / 2, 64] and y [M, N] disagree");

@@ -54,8 +54,7 @@ namespace ffi = xla::ffi;
 namespace spec_decode {
 namespace {
 
-constexpr int64_t kPanel = 32;        // Output columns per panel.
-constexpr int64_t kPairRow = 2 * kPanel;  // bfloat16 values per panel row.
+constexpr int64_t kPanel = kPairPanel;  // Output columns per panel.
 constexpr int64_t kBlockPairs = 32;   // Panel rows per block (4 KB).
 
 inline float WidenBf16(uint16_t bits) {
