@@ -18,9 +18,14 @@ the license texts Debian ships in /usr/share/common-licenses: legal prose,
 a domain the shipped models never saw. --source=test takes the committed
 test samples the main job decodes.
 
+--margins=1.4,1.25 also times 'auto' with its margin over a plain step
+(`adaptive.MIN_GAIN`) set to each value for its own calls: where a lower
+margin starts to pay, or to lose, on this machine.
+
 Prints, per task and temperature: ms per emitted token of each variant,
 its speedup over baseline, the best fixed gamma, 'auto''s proposals per
-iteration, and its slowest/median call per token. --output writes it all as JSON.
+iteration (at each margin too), and its slowest/median call per token.
+--output writes it all as JSON.
 """
 
 import json
@@ -35,6 +40,7 @@ import jax
 import numpy as np
 
 import spec_decode as sd
+from spec_decode import adaptive
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
@@ -48,6 +54,10 @@ flags.DEFINE_enum('source', 'licenses', ['licenses', 'test'],
 flags.DEFINE_list('tasks', ['translate_en_de', 'summarize'], 'Tasks.')
 flags.DEFINE_list('temperatures', ['0', '1'], 'Sampling temperatures.')
 flags.DEFINE_list('gammas', ['1', '2', '3', '4', '5', '7'], 'Fixed gammas.')
+flags.DEFINE_list('margins', [],
+                  "gamma='auto' also at each of these margins over a plain "
+                  'step (`adaptive.MIN_GAIN`, set for its calls only): '
+                  'where the margin stops paying on this machine.')
 flags.DEFINE_integer('num_calls', 40, 'Timed inputs (calls) per setting.')
 flags.DEFINE_integer('batch_size', 1, 'Rows per call.')
 flags.DEFINE_integer('input_length', 64, 'Encoder inputs padded to this.')
@@ -98,16 +108,23 @@ def measure(target, draft, enc: np.ndarray, temperature: float
   variants.update({f'gamma {g}': dict(draft=draft, gamma=int(g))
                    for g in FLAGS.gammas})
   variants['auto'] = dict(draft=draft, gamma='auto')
+  margins = {f'auto {float(m):g}': float(m) for m in FLAGS.margins}
+  variants.update({name: dict(draft=draft, gamma='auto') for name in margins})
   calls = [enc[i:i + FLAGS.batch_size]
            for i in range(0, len(enc), FLAGS.batch_size)]
   results = {}
 
   def run(name, index):
     def call():
-      result = sd.generate(target, calls[index],
-                           max_decode_len=FLAGS.max_decode_len,
-                           temperature=temperature,
-                           rng=jax.random.PRNGKey(index), **variants[name])
+      shipped_margin = adaptive.MIN_GAIN
+      adaptive.MIN_GAIN = margins.get(name, shipped_margin)
+      try:
+        result = sd.generate(target, calls[index],
+                             max_decode_len=FLAGS.max_decode_len,
+                             temperature=temperature,
+                             rng=jax.random.PRNGKey(index), **variants[name])
+      finally:
+        adaptive.MIN_GAIN = shipped_margin
       results[(name, index)] = result
       return result.tokens
     return call
@@ -127,8 +144,13 @@ def measure(target, draft, enc: np.ndarray, temperature: float
              for name in variants}
   fixed = [name for name in variants if name.startswith('gamma')]
   best = max(fixed, key=lambda name: speedup[name])
-  histogram = sum(np.asarray(results[('auto', i)].proposal_counts).sum(0)
-                  for i in range(len(calls)))
+  autos = [name for name in variants if name.startswith('auto')]
+  histograms = {name: sum(np.asarray(results[(name, i)].proposal_counts)
+                          .sum(0) for i in range(len(calls)))
+                for name in autos}
+  mean_proposals = {name: float(np.dot(np.arange(len(h)), h) / h.sum())
+                    for name, h in histograms.items()}
+  histogram = histograms['auto']
   # Per emitted token, so a long output is not mistaken for a compile.
   def slowest_over_median(name):
     per_token = np.asarray([seconds[name][i] / max(
@@ -136,16 +158,16 @@ def measure(target, draft, enc: np.ndarray, temperature: float
     return float(per_token.max() / np.median(per_token))
   identical = None
   if temperature == 0:
-    identical = all(np.array_equal(np.asarray(results[('auto', i)].tokens),
+    identical = all(np.array_equal(np.asarray(results[(name, i)].tokens),
                                    np.asarray(results[('baseline', i)].tokens))
-                    for i in range(len(calls)))
+                    for i in range(len(calls)) for name in autos)
   return {
       'ms_per_token': ms_per_token, 'speedup': speedup,
       'best_fixed': best, 'auto_over_best_fixed': (speedup['auto']
                                                    / speedup[best]),
       'auto_proposal_counts': histogram.tolist(),
-      'auto_mean_proposals': float(np.dot(np.arange(len(histogram)),
-                                          histogram) / histogram.sum()),
+      'auto_mean_proposals': mean_proposals['auto'],
+      'mean_proposals': mean_proposals,
       'auto_slowest_over_median': slowest_over_median('auto'),
       'baseline_slowest_over_median': slowest_over_median('baseline'),
       'auto_greedy_identical': identical,
@@ -164,7 +186,7 @@ def main(argv):
   report = {'machine': machine, 'decoder_products': kernels.available(),
             'flags': {name: FLAGS[name].value for name in (
                 'source', 'batch_size', 'num_calls', 'input_length',
-                'max_decode_len', 'repeats', 'gammas')},
+                'max_decode_len', 'repeats', 'gammas', 'margins')},
             'rows': []}
   for task in FLAGS.tasks:
     enc = inputs_for(task, vocabulary)
@@ -182,6 +204,10 @@ def main(argv):
             f"median, per token: auto {row['auto_slowest_over_median']:.2f}, "
             f"baseline {row['baseline_slowest_over_median']:.2f}; greedy "
             f"identical: {row['auto_greedy_identical']}", flush=True)
+      if FLAGS.margins:
+        print('  proposals per iteration at each margin: ' + ', '.join(
+            f'{name} {mean:.2f}'
+            for name, mean in row['mean_proposals'].items()), flush=True)
   report['seconds'] = time.time() - start
   if FLAGS.output:
     with open(FLAGS.output, 'w') as f:

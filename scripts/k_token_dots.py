@@ -16,7 +16,9 @@ weights, and times the chain at K = 1 .. --max_k in one compiled call:
     minor output dimension);
   * on the few-row kernel (`spec_decode.kernels`), with bfloat16 panels
     (what decoding uses for the shipped models, whose weights are bfloat16
-    values) and float32 panels, and with bfloat16 inputs
+    values) and float32 panels on the vector units' FMA chain; on a CPU with
+    AMX, bfloat16 panels on the tiles with float32 inputs split into
+    bfloat16 parts (what decoding uses there); and with bfloat16 inputs
     (`kernels.set_product_inputs('bfloat16')`: activations rounded at each
     product, VDPBF16PS where the CPU has AVX512_BF16).
 
@@ -118,6 +120,14 @@ def settings(chain) -> Dict[str, tuple]:
       packed = jax.tree_util.tree_map(
           lambda w, dtype=dtype: kernels.pack_kernel(w, dtype), chain)
       result[f'few-row kernel, {jnp.dtype(dtype).name} panels'] = (
+          jax.jit(dot_chain(kernels.matmul),
+                  compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
+    if kernels.uses_amx():
+      # What decoding runs on such a CPU: float32 inputs split into
+      # bfloat16 parts on the tiles (the weights are bfloat16 values).
+      packed = jax.tree_util.tree_map(
+          lambda w: kernels.pack_kernel(w, jnp.bfloat16, amx=True), chain)
+      result['few-row kernel, bfloat16 panels, AMX tiles'] = (
           jax.jit(dot_chain(kernels.matmul),
                   compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
     packed = jax.tree_util.tree_map(

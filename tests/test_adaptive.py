@@ -269,6 +269,28 @@ def test_one_program_serves_every_choice(auto_costs):
   assert len({h.tobytes() for h in histograms}) > 1
 
 
+def test_a_prior_moved_within_its_grid_reuses_the_rule_inputs(auto_costs):
+  # The kept acceptance moves after every call that proposed; the rule's
+  # inputs (their device copies, whether rows would propose) are made again
+  # only when it moves to another point of the prior's grid.
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(1, 7, 512, seed=3)
+  cached = (generation._would_propose, generation._proposal_costs)
+  misses = lambda: [fn.cache_info().misses for fn in cached]
+  step = 1.0 / generation.PRIOR_GRID
+  auto_costs(CHEAP, prior=0.7001)
+  sd.generate(target, enc, max_decode_len=6, draft=draft, gamma='auto')
+  before = misses()
+  auto_costs(CHEAP, prior=0.7001 + 0.2 * step)
+  sd.generate(target, enc, max_decode_len=6, draft=draft, gamma='auto')
+  assert misses() == before
+  assert generation.auto_prior(target, draft) == round(0.7001 / step) * step
+  auto_costs(CHEAP, prior=0.7001 + step)
+  sd.generate(target, enc, max_decode_len=6, draft=draft, gamma='auto')
+  assert misses() == [m + 1 for m in before]
+
+
 def test_the_pair_acceptance_is_kept_for_the_next_process(auto_costs,
                                                          tmp_path):
   target = random_model(0)
