@@ -116,25 +116,23 @@ def settings(chain) -> Dict[str, tuple]:
         jax.jit(dot_chain(_transposed_product), compiler_options=options),
         chain_t)
   if kernels.enabled():
+    # One jitted chain: each packing below is its own argument layout.
+    kernel_chain = jax.jit(dot_chain(kernels.matmul),
+                           compiler_options=compile_lib.CPU_COMPILER_OPTIONS)
     for dtype in (jnp.bfloat16, jnp.float32):
-      packed = jax.tree_util.tree_map(
-          lambda w, dtype=dtype: kernels.pack_kernel(w, dtype), chain)
       result[f'few-row kernel, {jnp.dtype(dtype).name} panels'] = (
-          jax.jit(dot_chain(kernels.matmul),
-                  compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
+          kernel_chain, jax.tree_util.tree_map(
+              lambda w, dtype=dtype: kernels.pack_kernel(w, dtype), chain))
     if kernels.uses_amx():
       # What decoding runs on such a CPU: float32 inputs split into
       # bfloat16 parts on the tiles (the weights are bfloat16 values).
-      packed = jax.tree_util.tree_map(
-          lambda w: kernels.pack_kernel(w, jnp.bfloat16, amx=True), chain)
       result['few-row kernel, bfloat16 panels, AMX tiles'] = (
-          jax.jit(dot_chain(kernels.matmul),
-                  compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
-    packed = jax.tree_util.tree_map(
-        lambda w: kernels.pack_kernel(w, inputs='bfloat16'), chain)
+          kernel_chain, jax.tree_util.tree_map(
+              lambda w: kernels.pack_kernel(w, jnp.bfloat16, amx=True),
+              chain))
     result['few-row kernel, bfloat16 inputs'] = (
-        jax.jit(dot_chain(kernels.matmul),
-                compiler_options=compile_lib.CPU_COMPILER_OPTIONS), packed)
+        kernel_chain, jax.tree_util.tree_map(
+            lambda w: kernels.pack_kernel(w, inputs='bfloat16'), chain))
   return result
 
 

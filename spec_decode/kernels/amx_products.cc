@@ -233,7 +233,8 @@ SD_TARGET_AMX void RunAmxPanels(const AmxJob& job, int64_t first,
   _tile_loadconfig(&config);
   // A panel's sums for every tile row, [groups * tile_rows][32].
   thread_local std::vector<float> panel_sums;
-  panel_sums.resize(static_cast<size_t>(job.groups * job.tile_rows * kPairPanel));
+  panel_sums.resize(
+      static_cast<size_t>(job.groups * job.tile_rows * kPairPanel));
   for (int64_t p = first; p < last; ++p) {
     const uint16_t* panel = job.w + p * job.pairs * kPairRow;
     for (int64_t g = 0; g < job.groups; g += job.joint) {
