@@ -20,6 +20,12 @@ The decoders:
                 same --gamma, what its call-width switch, catch-ups and
                 rule cost.
 
+  call          no decoding loop: the target's decoder calls alone, each
+                scoring --chunks tokens per row, in a compiled loop of
+                calls as `benchmark.decoder_call_seconds` times them
+                (`--chunks=1,8`: what grows with the tokens a call
+                scores, op by op; figures per call, not per iteration).
+
 `--num_candidates=k` runs `speculative` with k candidates per row
 (`spec_decode.candidates`): against k = 1, what the tree call, the draft's
 k chains and the copies cost.
@@ -51,6 +57,7 @@ import jax
 import numpy as np
 
 from spec_decode import adaptive
+from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import decoding
 from spec_decode import evaluation
@@ -62,7 +69,10 @@ from spec_decode.sampling import SamplingConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_enum('decoder', 'speculative',
-                  ['baseline', 'speculative', 'auto'], 'See above.')
+                  ['baseline', 'speculative', 'auto', 'call'], 'See above.')
+flags.DEFINE_list('chunks', ['1', '8'],
+                  'Tokens per row per decoder call (--decoder=call).')
+flags.DEFINE_integer('calls', 24, 'Decoder calls per run (--decoder=call).')
 flags.DEFINE_float('temperature', 0.0, 'Sampling temperature.')
 flags.DEFINE_integer('gamma', 3, 'Draft tokens per iteration.')
 flags.DEFINE_integer('max_gamma', 7, "gamma='auto''s largest count (auto).")
@@ -102,6 +112,64 @@ def _decode_function(target, draft, enc):
       num_candidates=FLAGS.num_candidates)
 
 
+def _traced_thunks(run) -> list:
+  """The thunk events of --runs traced runs of `run` (compiled and warm)."""
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      for _ in range(FLAGS.runs):
+        jax.block_until_ready(run())
+    (path,) = glob.glob(os.path.join(folder, '**', 'perfetto_trace.json.gz'),
+                        recursive=True)
+    with gzip.open(path) as f:
+      events = [e for e in json.load(f)['traceEvents']
+                if e.get('ph') == 'X' and 'dur' in e]
+  return [e for e in events if not e['name'].startswith(_NOT_THUNKS)]
+
+
+def _profile_calls(target, enc, dump: str) -> None:
+  """--decoder=call: own time per decoder call at each --chunks width, by
+  kind of thunk and by op, side by side, and each width's over the first."""
+  chunks = [int(k) for k in FLAGS.chunks]
+  span = FLAGS.calls * max(chunks)
+  per_kind, per_op, thunk_counts = {}, {}, {}
+  for chunk in chunks:
+    calls = span // chunk
+    run = benchmark.timed_decoder_calls(target, enc, chunk, 8, calls,
+                                        cache_length=8 + span + 8)
+    for _ in range(2):  # Compile, warm up.
+      jax.block_until_ready(run())
+    thunks = _traced_thunks(run)
+    own = _self_times(thunks)
+    scale = 1e3 * FLAGS.runs * calls  # us -> ms per call
+    kinds = collections.Counter()
+    for event in thunks:
+      kinds[event['name'].split('.')[0]] += own[id(event)] / scale
+    per_kind[chunk] = kinds
+    thunk_counts[chunk] = len(thunks) / FLAGS.runs / calls
+    if FLAGS.by_op:
+      per_op[chunk] = collections.Counter(
+          {op: spent / scale
+           for op, spent in _by_op(thunks, own, _op_names(dump)).items()})
+  first, last = chunks[0], chunks[-1]
+  header = ''.join(f'{f"K={k}":>10s}' for k in chunks)
+  totals = {k: sum(per_kind[k].values()) for k in chunks}
+  print('target decoder calls, own time per call (ms); thunks per call: '
+        + ', '.join(f'K={k} {thunk_counts[k]:.0f}' for k in chunks))
+  print(f'  {"total":44s}' + ''.join(f'{totals[k]:10.4f}' for k in chunks)
+        + f'   (K={last} over K={first}: {totals[last] / totals[first]:.2f})')
+  for title, table in (('by kind of thunk', per_kind), ('by op', per_op)):
+    if not table:
+      continue
+    print(f'{title}:{" " * (44 - len(title))}{header}')
+    growth = collections.Counter({name: table[last][name]
+                                  - table[first][name]
+                                  for name in set().union(*table.values())})
+    for name, _ in sorted(growth.items(), key=lambda item: -abs(item[1])
+                          )[:FLAGS.top]:
+      print(f'  {name[-44:]:44s}'
+            + ''.join(f'{table[k][name]:10.4f}' for k in chunks))
+
+
 def _self_times(events):
   """Each event's duration less its directly nested events', per thread."""
   by_thread = collections.defaultdict(list)
@@ -136,21 +204,15 @@ def main(argv):
   source = tasks.load_pairs('translate_en_de', 'test')[3][0]
   enc = evaluation.trim_padding(evaluation.encode_inputs(
       pretrained.vocabulary(), 'translate_en_de', [source], 64))
+  if FLAGS.decoder == 'call':
+    _profile_calls(target, enc, dump)
+    return
   decode = _decode_function(target, draft, enc)
   for _ in range(2):  # Compile, warm up.
     result = decode()
     jax.block_until_ready(result.tokens)
   iterations = int(np.asarray(result.num_iterations))
-  with tempfile.TemporaryDirectory() as folder:
-    with jax.profiler.trace(folder, create_perfetto_trace=True):
-      for _ in range(FLAGS.runs):
-        jax.block_until_ready(decode().tokens)
-    (path,) = glob.glob(os.path.join(folder, '**', 'perfetto_trace.json.gz'),
-                        recursive=True)
-    with gzip.open(path) as f:
-      events = [e for e in json.load(f)['traceEvents']
-                if e.get('ph') == 'X' and 'dur' in e]
-  thunks = [e for e in events if not e['name'].startswith(_NOT_THUNKS)]
+  thunks = _traced_thunks(lambda: decode().tokens)
   own = _self_times(thunks)
   per_kind = collections.Counter()
   count = collections.Counter()

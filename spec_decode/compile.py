@@ -17,6 +17,8 @@ from typing import Any, Callable, Dict, Sequence
 
 import jax
 
+from spec_decode.model import encoder_widths
+
 CPU_COMPILER_OPTIONS: Dict[str, Any] = {
     # No fusion goes to YNNPACK: dots and reductions stay on XLA's emitters.
     'xla_cpu_experimental_ynn_fusion_type': '',
@@ -31,16 +33,24 @@ def decoder_jit(fun: Callable, static_argnums: Sequence[int] = ()
   The backend is looked up on the first call, not at import. The returned
   function exposes `_cache_size()` and `lower(...)` like a jitted function
   (the memory plan and the sharding tests compile it ahead of time).
+
+  Settings read while tracing that no argument carries (whether the
+  encoder pass is trimmed, `encoder_widths.trimming`) get a jitted function
+  each, so a program traced under one is never run under the other.
   """
   compiled = {}
 
   def jitted():
-    if 'fn' not in compiled:
+    key = encoder_widths.enabled()
+    if key not in compiled:
       options = (CPU_COMPILER_OPTIONS if jax.default_backend() == 'cpu'
                  else None)
-      compiled['fn'] = jax.jit(fun, static_argnums=static_argnums,
-                               compiler_options=options)
-    return compiled['fn']
+      # jax keeps traces per Python function: a new one per setting.
+      traced = fun if key else functools.wraps(fun)(
+          lambda *args, **kwargs: fun(*args, **kwargs))
+      compiled[key] = jax.jit(traced, static_argnums=static_argnums,
+                              compiler_options=options)
+    return compiled[key]
 
   @functools.wraps(fun)
   def wrapper(*args, **kwargs):

@@ -18,6 +18,7 @@ from spec_decode import kernels
 from spec_decode import partitioning as partitioning_lib
 from spec_decode import validation
 from spec_decode.model import decode_kernels
+from spec_decode.model import encoder_widths
 from spec_decode.model.config import T5Config
 from spec_decode.model.network import DecoderCache
 from spec_decode.model.network import EncodedInputs
@@ -161,11 +162,15 @@ def prepare_decoding(config: T5Config, params: Params,
   """Runs the encoder and the cross-attention key/value projections once.
 
   `prepared` is `Model.decode_kernels` (the few-row CPU kernel's weights) or
-  None for XLA's dots, as for `decode_chunk`.
+  None for XLA's dots, as for `decode_chunk`. On one CPU device the encoder
+  computes only the columns the input uses (`encoder_widths`).
   """
-  return Transformer(config).apply(_variables(params, prepared),
-                                   encoder_input_tokens,
-                                   method=Transformer.prepare_decoding)
+  def encode(tokens: Array) -> EncodedInputs:
+    return Transformer(config).apply(_variables(params, prepared), tokens,
+                                     method=Transformer.prepare_decoding)
+  if encoder_widths.applies():
+    return encoder_widths.encode_used_columns(encode, encoder_input_tokens)
+  return encode(encoder_input_tokens)
 
 
 def decode_chunk(config: T5Config, params: Params, tokens: Array, start: Array,
