@@ -24,6 +24,7 @@ from spec_decode import speculative
 from spec_decode import validation
 from spec_decode.decoding import DecodeResult
 from spec_decode.model import Model
+from spec_decode.model import encoder_widths
 
 Array = jax.Array
 
@@ -366,8 +367,9 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   if not _would_propose(iteration_cost, alpha_prior, adaptive.MIN_GAIN,
                         max_decode_len):
     return _baseline_as_auto(*baseline_args, max_gamma, proposal_costs)
+  # Each trimming setting has its own programs (`compile.decoder_jit`).
   signature = (id(model), id(draft), tokens.shape, max_decode_len, sampling,
-               max_gamma)
+               max_gamma, encoder_widths.enabled())
   if signature not in _BASELINE_READY:
     _baseline_as_auto.lower(*baseline_args, max_gamma,
                             proposal_costs).compile()
