@@ -1,9 +1,9 @@
 """A decoding call's encoder pass over the input's used columns only.
 
-T5X pads every input to the task's feature length (the main job: 64), and
-the encoder then computes every padded position, though padding is masked
-everywhere it is read. On a CPU that pass is a large share of a short
-output's latency.
+T5X pads every input to the task's feature length, and the encoder then
+computes every padded position, though padding is masked everywhere it is
+read. On a CPU that pass is a large share of a short output's latency
+(scripts/encoder_widths.py measures it).
 
 So on one CPU device `prepare_decoding` runs the encoder on the first
 `width` columns, the smallest of a few compiled widths (`widths`) that
