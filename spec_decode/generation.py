@@ -290,6 +290,14 @@ def _on_prior_grid(alpha: float) -> float:
   return round(alpha * PRIOR_GRID) / PRIOR_GRID
 
 
+@functools.lru_cache(maxsize=64)
+def _iteration_costs(profile: costs.CostProfile,
+                     greedy: bool) -> Tuple[float, ...]:
+  """The rule's iteration costs, 0 .. the profile's max_gamma proposals."""
+  return tuple(profile.iteration_cost(g, greedy)
+               for g in range(profile.max_gamma + 1))
+
+
 @functools.lru_cache(maxsize=256)
 def _would_propose(iteration_cost: Tuple[float, ...], alpha_prior: float,
                    min_gain: float, max_decode_len: int) -> bool:
@@ -356,8 +364,7 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   """
   profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
   prior = costs.acceptance_prior(model, draft, sampling)
-  iteration_cost = tuple(profile.iteration_cost(g, sampling.greedy)
-                         for g in range(max_gamma + 1))
+  iteration_cost = _iteration_costs(profile, sampling.greedy)
   alpha_prior = _on_prior_grid(costs.DEFAULT_ALPHA_PRIOR if prior is None
                                else prior)
   proposal_costs = _proposal_costs(iteration_cost, alpha_prior,
@@ -380,7 +387,9 @@ def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
       proposal_costs=proposal_costs, **options)
   verified = np.asarray(result.verified_positions)
   if verified.any():  # A call whose rows never proposed observed nothing.
-    betas = np.nan_to_num(np.asarray(result.mean_beta)) * verified
-    costs.record_acceptance(model, draft, sampling, float(np.sum(betas)),
-                            int(np.sum(verified)))
+    # Rows that examined nothing have a NaN mean and count 0.
+    betas = np.where(verified > 0, np.asarray(result.mean_beta), 0.0)
+    costs.record_acceptance(model, draft, sampling,
+                            float(np.dot(betas, verified)),
+                            int(verified.sum()))
   return result
