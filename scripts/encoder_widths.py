@@ -4,8 +4,8 @@ r"""A decoding call's encoder over the used columns only, against every column.
   python scripts/encoder_widths.py --input_length=128 --num_calls=16
 
 Takes the main job's committed test inputs (--num_calls per task), padded to
---input_length columns as T5X pads to a task's feature length (not trimmed
-on the host, as the main job trims them), and decodes
+--input_length columns as T5X pads to a task's feature length (as the
+main job decodes them), and decodes
 each at batch 1, greedy, with the baseline and with a fixed --gamma, once
 with the encoder pass trimmed to the smallest compiled width covering the
 input (`spec_decode.model.encoder_widths`, the default on one CPU device)
