@@ -44,7 +44,6 @@ from spec_decode import adaptive
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
-from spec_decode import kernels
 from spec_decode import pretrained
 from spec_decode.data import tasks
 
@@ -177,17 +176,13 @@ def measure(target, draft, enc: np.ndarray, temperature: float
 def main(argv):
   del argv
   start = time.time()
-  machine = costs.machine_description()
-  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
-  print(f'decoder products: {kernels.available()}')
+  report = costs.timing_report({name: FLAGS[name].value for name in (
+      'source', 'batch_size', 'num_calls', 'input_length', 'max_decode_len',
+      'repeats', 'gammas', 'margins')})
+  report['rows'] = []
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)
   vocabulary = pretrained.vocabulary()
-  report = {'machine': machine, 'decoder_products': kernels.available(),
-            'flags': {name: FLAGS[name].value for name in (
-                'source', 'batch_size', 'num_calls', 'input_length',
-                'max_decode_len', 'repeats', 'gammas', 'margins')},
-            'rows': []}
   for task in FLAGS.tasks:
     enc = inputs_for(task, vocabulary)
     for temperature in (float(t) for t in FLAGS.temperatures):

@@ -32,7 +32,6 @@ import spec_decode as sd
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
-from spec_decode import kernels
 from spec_decode import pretrained
 from spec_decode.data import tasks
 from spec_decode.model import encoder_widths
@@ -123,17 +122,12 @@ def measure(target, draft, enc: np.ndarray):
 
 def main(argv):
   del argv
-  machine = costs.machine_description()
-  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
-  print(f'decoder products: {kernels.available()}')
+  report = costs.timing_report({name: FLAGS[name].value for name in (
+      'num_calls', 'input_length', 'max_decode_len', 'gamma', 'repeats')})
+  report['rows'] = []
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)
   vocabulary = pretrained.vocabulary()
-  report = {'machine': machine, 'decoder_products': kernels.available(),
-            'flags': {name: FLAGS[name].value for name in (
-                'num_calls', 'input_length', 'max_decode_len', 'gamma',
-                'repeats')},
-            'rows': []}
   for task in FLAGS.tasks:
     pairs = tasks.load_pairs(task, 'test')
     sources = [pairs[i % len(pairs)][0] for i in range(FLAGS.num_calls)]

@@ -209,8 +209,7 @@ def main(argv):
   del argv
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)
-  machine = costs.machine_description()
-  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  print(costs.machine_line())
   kernels.set_product_inputs(FLAGS.product_inputs)
   path = kernels.available()
   print(f'decoder products: {path}' + (

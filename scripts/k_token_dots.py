@@ -139,7 +139,7 @@ def settings(chain) -> Dict[str, tuple]:
 def main(argv):
   del argv
   machine = costs.machine_description()
-  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  print(costs.machine_line())
   print(f'few-row kernel: {kernels.available()}')
   target = pretrained.load(FLAGS.target)
   chain = decoder_kernels(target.params)

@@ -183,8 +183,7 @@ def main(argv):
   print()
   print(report.markdown_table(results, columns))
   # Timings depend on the CPU's vector units: printed beside every table.
-  print('machine: ' + ', '.join(
-      f'{k} {v}' for k, v in costs.machine_description().items()))
+  print(costs.machine_line())
   print('\nwrote', ', '.join(paths.values()))
 
 

@@ -196,8 +196,7 @@ def main(argv):
       + (f' --xla_dump_to={dump} --xla_dump_hlo_as_text' if FLAGS.by_op
          else '')).strip()
   kernels.set_product_inputs(FLAGS.product_inputs)
-  machine = costs.machine_description()
-  print('machine: ' + ', '.join(f'{k} {v}' for k, v in machine.items()))
+  print(costs.machine_line())
   print(f'decoder products: {kernels.available()}')
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)

@@ -138,6 +138,22 @@ def machine_description() -> Dict[str, str]:
   return dict(_machine_description())
 
 
+def timing_report(settings: Dict[str, Any]) -> Dict[str, Any]:
+  """Prints the machine and the decoder products' path; returns them with
+  `settings` (a script's flags) as the head of the script's JSON report."""
+  print(machine_line())
+  print(f'decoder products: {kernels.available()}')
+  return {'machine': machine_description(),
+          'decoder_products': kernels.available(), 'flags': settings}
+
+
+def machine_line() -> str:
+  """'machine: backend cpu, device cpu, ..., cpu <model>, cpu_vector_flags
+  ...': what every timing script prints before its figures."""
+  return 'machine: ' + ', '.join(
+      f'{k} {v}' for k, v in machine_description().items())
+
+
 # Looked up on every `generate(gamma='auto')` call, so computed once per
 # process (the machine does not change under it) and once per model object.
 @functools.lru_cache(maxsize=None)
