@@ -61,17 +61,17 @@ def used_columns(encoder_input_tokens: Array) -> Array:
   return jnp.max(jnp.where(encoder_input_tokens != 0, columns[None, :], 0))
 
 
-_ENABLED = [True]
+_trim = True
 
 
 def enabled() -> bool:
   """Whether decoding programs traced now trim the encoder where it applies
   (`trimming`)."""
-  return _ENABLED[0]
+  return _trim
 
 
 @contextlib.contextmanager
-def trimming(enabled_: bool) -> Iterator[None]:
+def trimming(trim: bool) -> Iterator[None]:
   """Decoding programs traced inside run the encoder on every column
   (False) or on the used ones where `applies` (True, the default).
 
@@ -80,12 +80,12 @@ def trimming(enabled_: bool) -> Iterator[None]:
   `with trimming(False): generate(...)` measures or checks the untrimmed
   pass (scripts/encoder_widths.py, the tests).
   """
-  previous = _ENABLED[0]
-  _ENABLED[0] = bool(enabled_)
+  global _trim
+  previous, _trim = _trim, bool(trim)
   try:
     yield
   finally:
-    _ENABLED[0] = previous
+    _trim = previous
 
 
 def applies() -> bool:
@@ -93,7 +93,7 @@ def applies() -> bool:
   on the CPU backend, with no mesh active (a sharded model keeps one
   program shape per mesh; accelerators compute padded columns in
   parallel)."""
-  return (_ENABLED[0] and jax.default_backend() == 'cpu'
+  return (_trim and jax.default_backend() == 'cpu'
           and partitioning_lib.current() is None)
 
 
