@@ -50,11 +50,12 @@ flags.DEFINE_string('output', None, 'Write the figures as JSON here.')
 
 
 def _encoder_pass(model, trim: bool):
-  """The encoder pass alone, compiled for one setting."""
-  with encoder_widths.trimming(trim):
-    encode = jax.jit(lambda params, tokens, prepared: prepare_decoding(
-        model.config, params, tokens, prepared))
-  # Traced at its first call: the setting must hold there too.
+  """The encoder pass alone, compiled for one setting (a new function per
+  call, so each setting gets its own trace)."""
+  encode = jax.jit(lambda params, tokens, prepared: prepare_decoding(
+      model.config, params, tokens, prepared))
+
+  # Traced at its first call: the setting must hold there.
   def run(tokens):
     with encoder_widths.trimming(trim):
       return encode(model.device_params, tokens, model.decode_kernels)
