@@ -19,8 +19,8 @@ a domain the shipped models never saw. --source=test takes the committed
 test samples the main job decodes.
 
 --margins=1.4,1.25 also times 'auto' with its margin over a plain step
-(`adaptive.MIN_GAIN`) set to each value for its own calls: where a lower
-margin starts to pay, or to lose, on this machine.
+(`generate`'s `min_gain`; default `adaptive.MIN_GAIN`) set to each value:
+where a lower margin starts to pay, or to lose, on this machine.
 
 Prints, per task and temperature: ms per emitted token of each variant,
 its speedup over baseline, the best fixed gamma, 'auto''s proposals per
@@ -40,7 +40,6 @@ import jax
 import numpy as np
 
 import spec_decode as sd
-from spec_decode import adaptive
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
@@ -55,8 +54,8 @@ flags.DEFINE_list('temperatures', ['0', '1'], 'Sampling temperatures.')
 flags.DEFINE_list('gammas', ['1', '2', '3', '4', '5', '7'], 'Fixed gammas.')
 flags.DEFINE_list('margins', [],
                   "gamma='auto' also at each of these margins over a plain "
-                  'step (`adaptive.MIN_GAIN`, set for its calls only): '
-                  'where the margin stops paying on this machine.')
+                  "step (generate's min_gain): where the margin stops "
+                  'paying on this machine.')
 flags.DEFINE_integer('num_calls', 40, 'Timed inputs (calls) per setting.')
 flags.DEFINE_integer('batch_size', 1, 'Rows per call.')
 flags.DEFINE_integer('input_length', 64, 'Encoder inputs padded to this.')
@@ -108,22 +107,18 @@ def measure(target, draft, enc: np.ndarray, temperature: float
                    for g in FLAGS.gammas})
   variants['auto'] = dict(draft=draft, gamma='auto')
   margins = {f'auto {float(m):g}': float(m) for m in FLAGS.margins}
-  variants.update({name: dict(draft=draft, gamma='auto') for name in margins})
+  variants.update({name: dict(draft=draft, gamma='auto', min_gain=margin)
+                   for name, margin in margins.items()})
   calls = [enc[i:i + FLAGS.batch_size]
            for i in range(0, len(enc), FLAGS.batch_size)]
   results = {}
 
   def run(name, index):
     def call():
-      shipped_margin = adaptive.MIN_GAIN
-      adaptive.MIN_GAIN = margins.get(name, shipped_margin)
-      try:
-        result = sd.generate(target, calls[index],
-                             max_decode_len=FLAGS.max_decode_len,
-                             temperature=temperature,
-                             rng=jax.random.PRNGKey(index), **variants[name])
-      finally:
-        adaptive.MIN_GAIN = shipped_margin
+      result = sd.generate(target, calls[index],
+                           max_decode_len=FLAGS.max_decode_len,
+                           temperature=temperature,
+                           rng=jax.random.PRNGKey(index), **variants[name])
       results[(name, index)] = result
       return result.tokens
     return call

@@ -4,7 +4,6 @@ It validates every argument on the host (so mistakes surface as clear errors
 naming the argument, not as XLA stack traces), then calls the jitted core.
 """
 
-import functools
 from typing import Any, Optional, Tuple, Union
 
 import jax
@@ -13,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from spec_decode import adaptive
+from spec_decode import auto_generation
 from spec_decode import block_verification
-from spec_decode import compile as compile_lib
 from spec_decode import costs
 from spec_decode import decoding
 from spec_decode import draft_stop as draft_stop_lib
@@ -24,7 +23,6 @@ from spec_decode import speculative
 from spec_decode import validation
 from spec_decode.decoding import DecodeResult
 from spec_decode.model import Model
-from spec_decode.model import encoder_widths
 
 Array = jax.Array
 
@@ -35,6 +33,7 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
              draft: Optional[Model] = None,
              gamma: Union[int, str] = 4,
              max_gamma: Optional[int] = None,
+             min_gain: Optional[float] = None,
              lenience: float = 1.0,
              verification: str = 'token',
              draft_stop: Optional[str] = None,
@@ -68,6 +67,14 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
       compiled program serves every choice. Speculative only.
     max_gamma: With gamma='auto', the most tokens a row proposes in an
       iteration (default `costs.DEFAULT_MAX_GAMMA`); an integer >= 1.
+    min_gain: With gamma='auto', how much faster than a plain target step a
+      row's best count must be predicted before the row proposes (default
+      `adaptive.MIN_GAIN`, set from CPU measurements where the prediction
+      ran ahead of the clock); a number >= 1. Where speculation pays by
+      the paper's margins (accelerators) the default does not bind; on a
+      CPU whose measured speedups follow the prediction more closely a
+      lower margin takes gains the default leaves (the main job's `pred
+      loop` and `speedup` columns say how close).
     lenience: Paper appendix A.5. 1.0 (default) is exact. Values in (0, 1)
       accept more draft tokens and are LOSSY: outputs no longer follow the
       target's distribution.
@@ -129,6 +136,7 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
       raise ValueError(f"max_gamma is only for gamma='auto', got max_gamma="
                        f'{max_gamma!r} with gamma={gamma!r}.')
     max_gamma = validation.check_int('max_gamma', max_gamma, 1)
+  min_gain = check_min_gain(min_gain, gamma)
   if draft is not None:
     check_compatible(model, draft)
     if gamma != 'auto':
@@ -142,14 +150,42 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   if num_candidates > 1:
     options['num_candidates'] = num_candidates
   if draft is not None and gamma == 'auto':
-    result = _auto_generate(
+    result = auto_generation.auto_generate(
         model, draft, placed_tokens, rng, max_decode_len, sampling, eos_id,
-        max_gamma or costs.DEFAULT_MAX_GAMMA, **options)
+        max_gamma or costs.DEFAULT_MAX_GAMMA,
+        adaptive.MIN_GAIN if min_gain is None else min_gain, **options)
   else:
     result = _decode(model, draft, placed_tokens, rng, max_decode_len,
                      sampling, eos_id, gamma if draft is not None else 0,
                      **options)
   return _real_rows(result, tokens.shape[0])
+
+
+def check_min_gain(min_gain: Any, gamma: Union[int, str]
+                   ) -> Optional[float]:
+  """`generate`'s min_gain checked (the main job checks its own early).
+
+  Args:
+    min_gain: None, or the margin over a plain step.
+    gamma: The call's gamma; a margin is only for 'auto'.
+
+  Returns:
+    min_gain as a float, or None.
+
+  Raises:
+    TypeError, ValueError: min_gain is not a finite number >= 1, or is set
+      with a fixed gamma.
+  """
+  if min_gain is None:
+    return None
+  if gamma != 'auto':
+    raise ValueError(f"min_gain is only for gamma='auto', got min_gain="
+                     f'{min_gain!r} with gamma={gamma!r}.')
+  min_gain = validation.check_float('min_gain', min_gain)
+  if min_gain < 1.0:
+    raise ValueError(f'min_gain must be >= 1 (a count predicted slower than '
+                     f'a plain step never pays), got {min_gain}.')
+  return min_gain
 
 
 def _check_candidates(num_candidates: Any, draft: Optional[Model],
@@ -193,20 +229,11 @@ def _decode(model: Model, draft: Optional[Model], tokens: Any, rng: Array,
             eos_id: int, gamma: int, **options) -> DecodeResult:
   """Baseline decoding when gamma is 0, else speculative with `options`."""
   if not gamma:
-    return decoding.baseline_generate(*_baseline_args(
+    return decoding.baseline_generate(*auto_generation.baseline_args(
         model, tokens, rng, max_decode_len, sampling, eos_id))
   return speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=gamma, **options)
-
-
-def _baseline_args(model: Model, tokens: Any, rng: Array,
-                   max_decode_len: int, sampling: sampling_lib.SamplingConfig,
-                   eos_id: int) -> Tuple[Any, ...]:
-  """`decoding.baseline_generate`'s arguments for `model` (its call and its
-  ahead-of-time compile must see the same ones)."""
-  return (model.config, model.device_params, tokens, rng, max_decode_len,
-          sampling, eos_id, model.partitioning, model.decode_kernels)
 
 
 def _place_on_mesh(model: Model, draft: Optional[Model], tokens: np.ndarray
@@ -262,134 +289,3 @@ def _check_rng(rng: Any) -> Array:
                     f'jax.random.PRNGKey(0)), got {type(rng).__name__} with '
                     f'shape {array.shape} and dtype {array.dtype}.')
   return jnp.asarray(array)
-
-
-def auto_prior(model: Model, draft: Model, temperature: float = 0.0,
-               top_k: int = 0, top_p: float = 1.0) -> Optional[float]:
-  """The alpha gamma='auto' starts every row from for this pair and
-  sampling (the last runs' mean beta, kept beside the measured costs, on
-  the rule's grid), or None before any run."""
-  sampling = sampling_lib.SamplingConfig(temperature, top_k, top_p)
-  kept = costs.acceptance_prior(model, draft, sampling)
-  return None if kept is None else _on_prior_grid(kept)
-
-
-# The grid the pair's kept acceptance is rounded to as the rule's prior.
-PRIOR_GRID = 256
-
-
-def _on_prior_grid(alpha: float) -> float:
-  """`alpha` to the nearest multiple of 1 / PRIOR_GRID.
-
-  The rule's inputs are cached by value (their device copies, whether rows
-  would propose), and the kept mean moves after every call that proposed,
-  by far less than its own noise: on the grid, those calls reuse them
-  instead of paying host and device round trips again (0.6-0.7 ms a call
-  on a 2-core Xeon, 3% of a short output's).
-  """
-  return round(alpha * PRIOR_GRID) / PRIOR_GRID
-
-
-@functools.lru_cache(maxsize=64)
-def _iteration_costs(profile: costs.CostProfile,
-                     greedy: bool) -> Tuple[float, ...]:
-  """The rule's iteration costs, 0 .. the profile's max_gamma proposals."""
-  return tuple(profile.iteration_cost(g, greedy)
-               for g in range(profile.max_gamma + 1))
-
-
-@functools.lru_cache(maxsize=256)
-def _would_propose(iteration_cost: Tuple[float, ...], alpha_prior: float,
-                   min_gain: float, max_decode_len: int) -> bool:
-  """Whether a call's rows would propose at all (`adaptive.ever_proposes`,
-  one small compiled program), before the call; asked once per costs and
-  prior, which change only after calls that proposed."""
-  return bool(adaptive.ever_proposes(
-      adaptive.ProposalCosts.create(iteration_cost, alpha_prior, min_gain),
-      max_decode_len))
-
-
-@functools.lru_cache(maxsize=64)
-def _proposal_costs(iteration_cost: Tuple[float, ...], alpha_prior: float,
-                    min_gain: float) -> adaptive.ProposalCosts:
-  """The rule's inputs as device arrays, made once per value: the costs
-  and the prior change only after calls that proposed, and NumPy arguments
-  are copied to the device again at every call."""
-  return jax.tree_util.tree_map(jnp.asarray, adaptive.ProposalCosts.create(
-      iteration_cost, alpha_prior, min_gain))
-
-
-# gamma='auto' calls (by what their programs depend on) whose baseline
-# program is compiled: see `_auto_generate`.
-_BASELINE_READY = set()
-
-
-@functools.partial(compile_lib.decoder_jit, static_argnums=(0, 4, 5, 7, 9))
-def _baseline_as_auto(config, params, encoder_input_tokens, rng,
-                      max_decode_len, sampling, eos_id, partitioning,
-                      prepared, max_gamma: int,
-                      proposal_costs: adaptive.ProposalCosts) -> DecodeResult:
-  """A baseline decode reported as gamma='auto' whose rows chose 0 at every
-  iteration: proposal_counts [batch, max_gamma + 1], the rule's predicted
-  speedup of plain steps, gamma = max_gamma.
-
-  The baseline's loop and the report are one program: a second program
-  for the report cost a dispatch waiting on the decode's outputs, 0.2-0.6
-  ms per call on a 2-core Xeon, 1-3% of a short output's decode.
-  """
-  result = decoding.baseline_generate.__wrapped__(
-      config, params, encoder_input_tokens, rng, max_decode_len, sampling,
-      eos_id, partitioning, prepared)
-  steps = result.lengths.astype(jnp.float32)
-  return result.replace(
-      proposal_counts=jnp.pad(result.proposal_counts,
-                              ((0, 0), (0, max_gamma))),
-      predicted_speedup=adaptive.predicted_speedup(
-          steps, steps * proposal_costs.iteration_cost[0]),
-      gamma=max_gamma)
-
-
-def _auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
-                   max_decode_len: int, sampling, eos_id: int,
-                   max_gamma: int, **options) -> DecodeResult:
-  """Speculative decoding whose proposal counts the loop chooses.
-
-  A call whose rows would never propose (`adaptive.ever_proposes`) is a
-  baseline decode, so the baseline's loop runs it (`_baseline_as_auto`):
-  the same outputs for the same rng, and a lighter program to dispatch
-  than the speculative one (no draft parameters). The first call that runs
-  the speculative program also compiles that one, so a prior that later
-  falls below the rule's margin never compiles in the middle of a run.
-  (The prior moves only after calls that proposed.)
-  """
-  profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
-  prior = costs.acceptance_prior(model, draft, sampling)
-  iteration_cost = _iteration_costs(profile, sampling.greedy)
-  alpha_prior = _on_prior_grid(costs.DEFAULT_ALPHA_PRIOR if prior is None
-                               else prior)
-  proposal_costs = _proposal_costs(iteration_cost, alpha_prior,
-                                   adaptive.MIN_GAIN)
-  baseline_args = _baseline_args(model, tokens, rng, max_decode_len,
-                                 sampling, eos_id)
-  if not _would_propose(iteration_cost, alpha_prior, adaptive.MIN_GAIN,
-                        max_decode_len):
-    return _baseline_as_auto(*baseline_args, max_gamma, proposal_costs)
-  # Each trimming setting has its own programs (`compile.decoder_jit`).
-  signature = (id(model), id(draft), tokens.shape, max_decode_len, sampling,
-               max_gamma, encoder_widths.enabled())
-  if signature not in _BASELINE_READY:
-    _baseline_as_auto.lower(*baseline_args, max_gamma,
-                            proposal_costs).compile()
-    _BASELINE_READY.add(signature)
-  result = speculative.speculative_generate(
-      model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
-      sampling=sampling, eos_id=eos_id, gamma=max_gamma,
-      proposal_costs=proposal_costs, **options)
-  verified = np.asarray(result.verified_positions)
-  if verified.any():  # A call whose rows never proposed observed nothing.
-    # Rows that examined nothing have a NaN mean and count 0.
-    betas = np.where(verified > 0, np.asarray(result.mean_beta), 0.0)
-    costs.record_acceptance(model, draft, sampling,
-                            float(np.dot(betas, verified)),
-                            int(verified.sum()))
-  return result

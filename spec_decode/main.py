@@ -31,6 +31,7 @@ import jax
 
 from spec_decode import costs as costs_lib
 from spec_decode import evaluation
+from spec_decode import generation
 from spec_decode import gin_utils
 from spec_decode import kernels
 from spec_decode import report as report_lib
@@ -55,6 +56,9 @@ class MainConfig:
     gamma: Draft tokens per iteration, or 'auto' (each row chooses 0 to
       max_gamma proposals per iteration inside the compiled loop, from its
       own acceptance so far and the costs measured on this machine).
+    min_gain: With gamma='auto', the margin over a plain step a row's best
+      count must be predicted to beat before it proposes (`generate`'s
+      `min_gain`); None is `adaptive.MIN_GAIN`.
     max_decode_len: Output length limit.
     input_length: Encoder inputs are truncated and padded to this length.
     data_dir: Folder from scripts/prepare_data.py; None uses the committed
@@ -84,6 +88,7 @@ class MainConfig:
   first_example: int = 0
   temperatures: Tuple[float, ...] = (0.0, 1.0)
   gamma: Union[int, str] = 'auto'
+  min_gain: Optional[float] = None
   max_decode_len: int = 48
   input_length: int = 64
   data_dir: Optional[str] = None
@@ -129,7 +134,9 @@ def run_task(config: MainConfig, target, draft, vocabulary, task: str,
       target, draft, reproduce.timing_batches(enc, 1),
       temperature=temperature, gamma=config.gamma,
       max_decode_len=config.max_decode_len, seed=config.seed,
-      repeats=config.timing_repeats, on_batch=show)
+      repeats=config.timing_repeats, on_batch=show,
+      decode_options=(None if config.min_gain is None
+                      else {'min_gain': config.min_gain}))
   # Theorem 3.8's predictions at the count most iterations proposed (a
   # fixed gamma, or gamma='auto''s most common nonzero choice).
   counts = figures['proposal_counts']
@@ -180,6 +187,7 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
       not isinstance(config.gamma, int) or config.gamma < 1):
     raise ValueError(f"gamma must be 'auto' or a positive integer, got "
                      f'{config.gamma!r}.')
+  generation.check_min_gain(config.min_gain, config.gamma)
   if config.kernel_product_inputs not in kernels.PRODUCT_INPUTS:
     raise ValueError(f'kernel_product_inputs must be one of '
                      f'{kernels.PRODUCT_INPUTS}, got '

@@ -149,7 +149,7 @@ def compare_decoders(target: Model, draft: Model,
     repeats: Timed calls per batch and decoder (their median counts).
     on_batch: Called as on_batch(index, baseline_result, speculative_result).
     decode_options: More `generate` arguments for the speculative decoder
-      (verification, draft_stop, draft_threshold).
+      (verification, draft_stop, draft_threshold, min_gain).
 
   Returns:
     alpha (empirical and Corollary 3.6), tokens per target call, per-token

@@ -7,9 +7,9 @@ import pytest
 
 import spec_decode as sd
 from spec_decode import adaptive
+from spec_decode import auto_generation
 from spec_decode import cost_cache
 from spec_decode import costs
-from spec_decode import generation
 from spec_decode import verification
 from spec_decode.sampling import SamplingConfig
 
@@ -225,7 +225,7 @@ def test_auto_that_never_proposes_is_the_baseline(auto_costs, route):
     # Nothing this process compiled before may stand in for what the
     # proposing call compiles.
     jax.clear_caches()
-    generation._BASELINE_READY.clear()  # pylint: disable=protected-access
+    auto_generation._BASELINE_READY.clear()  # pylint: disable=protected-access
     auto_costs(CHEAP, prior=0.9)
     assert np.asarray(auto().draft_tokens_proposed).sum() > 0
   auto_costs(DEAR, prior=0.9)
@@ -276,16 +276,17 @@ def test_a_prior_moved_within_its_grid_reuses_the_rule_inputs(auto_costs):
   target = random_model(0)
   draft = perturbed(target, 0.3, seed=1)
   enc = random_inputs(1, 7, 512, seed=3)
-  cached = (generation._would_propose, generation._proposal_costs)
+  cached = (auto_generation._would_propose, auto_generation._proposal_costs)
   misses = lambda: [fn.cache_info().misses for fn in cached]
-  step = 1.0 / generation.PRIOR_GRID
+  step = 1.0 / auto_generation.PRIOR_GRID
   auto_costs(CHEAP, prior=0.7001)
   sd.generate(target, enc, max_decode_len=6, draft=draft, gamma='auto')
   before = misses()
   auto_costs(CHEAP, prior=0.7001 + 0.2 * step)
   sd.generate(target, enc, max_decode_len=6, draft=draft, gamma='auto')
   assert misses() == before
-  assert generation.auto_prior(target, draft) == round(0.7001 / step) * step
+  assert (auto_generation.auto_prior(target, draft)
+          == round(0.7001 / step) * step)
   auto_costs(CHEAP, prior=0.7001 + step)
   sd.generate(target, enc, max_decode_len=6, draft=draft, gamma='auto')
   assert misses() == [m + 1 for m in before]
@@ -344,6 +345,38 @@ def test_bad_max_gamma_names_the_argument(kwargs, message):
   with pytest.raises((TypeError, ValueError), match=message):
     sd.generate(target, random_inputs(1, 4, 512, seed=0), max_decode_len=4,
                 draft=perturbed(target, 0.3, seed=1), **kwargs)
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(gamma='auto', min_gain=0.9), 'min_gain must be >= 1'),
+    (dict(gamma='auto', min_gain='high'), 'min_gain must be a number'),
+    (dict(gamma='auto', min_gain=float('nan')), 'min_gain must be finite'),
+    (dict(gamma=3, min_gain=1.2), "min_gain is only for gamma='auto'"),
+])
+def test_bad_min_gain_names_the_argument(kwargs, message):
+  target = random_model(0)
+  with pytest.raises((TypeError, ValueError), match=message):
+    sd.generate(target, random_inputs(1, 4, 512, seed=0), max_decode_len=4,
+                draft=perturbed(target, 0.3, seed=1), **kwargs)
+
+
+def test_min_gain_sets_the_margin_over_a_plain_step(auto_costs):
+  # At this curve and prior the best count is predicted ~1.3x a plain
+  # step: rows propose under a margin of 1 and never under one of 2, and
+  # either way greedy outputs are the baseline's.
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(2, 7, 512, seed=5)
+  auto_costs(MIXED, prior=0.6)
+  baseline = sd.generate(target, enc, max_decode_len=12)
+  proposals = {}
+  for min_gain in (1.0, 2.0):
+    result = sd.generate(target, enc, max_decode_len=12, draft=draft,
+                         gamma='auto', min_gain=min_gain)
+    np.testing.assert_array_equal(result.tokens, baseline.tokens)
+    proposals[min_gain] = int(np.asarray(result.proposal_counts)[:, 1:].sum())
+  assert proposals[1.0] > 0
+  assert proposals[2.0] == 0
 
 
 def test_max_gamma_bounds_the_proposals(auto_costs):

@@ -94,6 +94,13 @@ def test_main_job_refuses_a_bad_gamma(tmp_path):
     main.run(main.MainConfig(gamma=0), str(tmp_path))
 
 
+def test_main_job_refuses_a_bad_margin(tmp_path):
+  with pytest.raises(ValueError, match="min_gain is only for gamma='auto'"):
+    main.run(main.MainConfig(gamma=3, min_gain=1.2), str(tmp_path))
+  with pytest.raises(ValueError, match='min_gain must be >= 1'):
+    main.run(main.MainConfig(min_gain=0.5), str(tmp_path))
+
+
 def test_main_job_refuses_unknown_product_inputs(tmp_path):
   with pytest.raises(ValueError, match='kernel_product_inputs must be one of'):
     main.run(main.MainConfig(kernel_product_inputs='int8'), str(tmp_path))
