@@ -94,7 +94,7 @@ def _proposal_costs(iteration_cost: Tuple[float, ...], alpha_prior: float,
 
 
 # gamma='auto' calls (by what their programs depend on) whose baseline
-# program is compiled: see `_auto_generate`.
+# program is compiled: see `auto_generate`.
 _BASELINE_READY = set()
 
 
