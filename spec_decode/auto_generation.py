@@ -3,14 +3,15 @@ runs a call.
 
 Before a call: the pair's measured costs (`costs.cost_profile`) and its kept
 acceptance as the rule's prior, made into the rule's inputs once per value;
-whether the call's rows would propose at all (a call that never would runs
-the baseline's program). After a call that proposed: its betas added to the
-pair's kept acceptance. The rule itself runs inside the compiled loop
+whether the call speculates at all, from its predicted speedup at the
+pair's usual output length (a call that does not runs the baseline's
+program). After a call that proposed: its betas and its rows' lengths
+added to the pair's kept figures. The rule itself runs inside the compiled loop
 (`spec_decode.adaptive`, `spec_decode.speculative`).
 """
 
 import functools
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -64,33 +65,56 @@ def _on_prior_grid(alpha: float) -> float:
   return round(alpha * PRIOR_GRID) / PRIOR_GRID
 
 
+class _RuleCosts(NamedTuple):
+  """The profile's figures the rule reads, in baseline iterations."""
+  iteration_cost: Tuple[float, ...]  # 0 (a plain step) .. max_gamma
+  call_cost: float
+  call_extra_cost: float
+
+
 @functools.lru_cache(maxsize=64)
-def _iteration_costs(profile: costs.CostProfile,
-                     greedy: bool) -> Tuple[float, ...]:
-  """The rule's iteration costs, 0 .. the profile's max_gamma proposals."""
-  return tuple(profile.iteration_cost(g, greedy)
-               for g in range(profile.max_gamma + 1))
+def _rule_costs(profile: costs.CostProfile, greedy: bool) -> _RuleCosts:
+  """The rule's costs for greedy or sampled calls: a plain step of the
+  speculative loop, then iterations of 1 .. the profile's max_gamma
+  proposals; what a call spends once."""
+  return _RuleCosts(
+      (profile.plain_cost(greedy),) + tuple(
+          profile.iteration_cost(g, greedy)
+          for g in range(1, profile.max_gamma + 1)),
+      profile.call_cost(greedy), profile.call_extra_cost(greedy))
 
 
 @functools.lru_cache(maxsize=256)
-def _would_propose(iteration_cost: Tuple[float, ...], alpha_prior: float,
-                   min_gain: float, max_decode_len: int) -> bool:
-  """Whether a call's rows would propose at all (`adaptive.ever_proposes`,
-  one small compiled program), before the call; asked once per costs and
-  prior, which change only after calls that proposed."""
+def _would_propose(rule_costs: _RuleCosts, alpha_prior: float,
+                   min_gain: float, output_length: int) -> bool:
+  """Whether a call speculates at all (`adaptive.ever_proposes`, one small
+  compiled program), before the call; asked once per costs, prior and
+  length, which change only after calls that speculated."""
   return bool(adaptive.ever_proposes(
-      adaptive.ProposalCosts.create(iteration_cost, alpha_prior, min_gain),
-      max_decode_len))
+      _proposal_costs(rule_costs, alpha_prior, min_gain),
+      np.float32(output_length)))
 
 
 @functools.lru_cache(maxsize=64)
-def _proposal_costs(iteration_cost: Tuple[float, ...], alpha_prior: float,
+def _proposal_costs(rule_costs: _RuleCosts, alpha_prior: float,
                     min_gain: float) -> adaptive.ProposalCosts:
   """The rule's inputs as device arrays, made once per value: the costs
   and the prior change only after calls that proposed, and NumPy arguments
   are copied to the device again at every call."""
   return jax.tree_util.tree_map(jnp.asarray, adaptive.ProposalCosts.create(
-      iteration_cost, alpha_prior, min_gain))
+      rule_costs.iteration_cost, alpha_prior, min_gain, rule_costs.call_cost,
+      rule_costs.call_extra_cost))
+
+
+def _output_length(model: Model, draft: Model,
+                   sampling: sampling_lib.SamplingConfig,
+                   max_decode_len: int) -> int:
+  """The tokens a row of this call is expected to emit: the pair's usual
+  output length (whole tokens, so calls share the cached answers), else
+  the call's limit; at most the limit."""
+  kept = costs.output_length(model, draft, sampling)
+  return max(1, min(max_decode_len,
+                    max_decode_len if kept is None else round(kept)))
 
 
 # gamma='auto' calls (by what their programs depend on) whose baseline
@@ -111,6 +135,7 @@ def _baseline_as_auto(config, params, encoder_input_tokens, rng,
   for the report cost a dispatch waiting on the decode's outputs, 0.2-0.6
   ms per call on a 2-core Xeon, 1-3% of a short output's decode.
   """
+  del proposal_costs  # Kept in the signature: the speculative call's.
   result = decoding.baseline_generate.__wrapped__(
       config, params, encoder_input_tokens, rng, max_decode_len, sampling,
       eos_id, partitioning, prepared)
@@ -118,8 +143,7 @@ def _baseline_as_auto(config, params, encoder_input_tokens, rng,
   return result.replace(
       proposal_counts=jnp.pad(result.proposal_counts,
                               ((0, 0), (0, max_gamma))),
-      predicted_speedup=adaptive.predicted_speedup(
-          steps, steps * proposal_costs.iteration_cost[0]),
+      predicted_speedup=adaptive.predicted_speedup(steps, steps),
       gamma=max_gamma)
 
 
@@ -129,13 +153,14 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                   **options) -> DecodeResult:
   """Speculative decoding whose proposal counts the loop chooses.
 
-  A call whose rows would never propose (`adaptive.ever_proposes`) is a
-  baseline decode, so the baseline's loop runs it (`_baseline_as_auto`):
-  the same outputs for the same rng, and a lighter program to dispatch
-  than the speculative one (no draft parameters). The first call that runs
-  the speculative program also compiles that one, so a prior that later
-  falls below the rule's margin never compiles in the middle of a run.
-  (The prior moves only after calls that proposed.)
+  A call predicted not to gain the margin by speculating
+  (`adaptive.ever_proposes`) is a baseline decode, so the baseline's loop
+  runs it (`_baseline_as_auto`): the same outputs for the same rng, and a
+  lighter program to dispatch than the speculative one (no draft
+  parameters). The first call that runs the speculative program also
+  compiles that one, so a prior that later falls below the margin never
+  compiles in the middle of a run. (The prior and the usual length move
+  only after calls that proposed.)
 
   Args:
     model: The target, placed as `generate` places it.
@@ -146,7 +171,8 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
     sampling: Temperature, top-k and top-p of both models.
     eos_id: End-of-sequence id.
     max_gamma: The most tokens a row proposes in an iteration.
-    min_gain: The rule's margin over a plain step (`adaptive.MIN_GAIN` by
+    min_gain: The margin over baseline decoding the call's predicted
+      speedup must clear for it to speculate (`adaptive.MIN_GAIN` by
       default in `generate`).
     **options: `speculative.speculative_generate`'s verification options.
 
@@ -155,14 +181,15 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   """
   profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
   prior = costs.acceptance_prior(model, draft, sampling)
-  iteration_cost = _iteration_costs(profile, sampling.greedy)
+  rule_costs = _rule_costs(profile, sampling.greedy)
   alpha_prior = _on_prior_grid(costs.DEFAULT_ALPHA_PRIOR if prior is None
                                else prior)
-  proposal_costs = _proposal_costs(iteration_cost, alpha_prior, min_gain)
+  proposal_costs = _proposal_costs(rule_costs, alpha_prior, min_gain)
   plain_args = baseline_args(model, tokens, rng, max_decode_len, sampling,
                              eos_id)
-  if not _would_propose(iteration_cost, alpha_prior, min_gain,
-                        max_decode_len):
+  if not _would_propose(rule_costs, alpha_prior, min_gain,
+                        _output_length(model, draft, sampling,
+                                       max_decode_len)):
     return _baseline_as_auto(*plain_args, max_gamma, proposal_costs)
   # Each trimming setting has its own programs (`compile.decoder_jit`).
   signature = (id(model), id(draft), tokens.shape, max_decode_len, sampling,
@@ -181,5 +208,7 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
     betas = np.where(verified > 0, np.asarray(result.mean_beta), 0.0)
     costs.record_acceptance(model, draft, sampling,
                             float(np.dot(betas, verified)),
-                            int(verified.sum()))
+                            int(verified.sum()),
+                            float(np.asarray(result.lengths).sum()),
+                            int(tokens.shape[0]))
   return result

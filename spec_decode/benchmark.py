@@ -12,8 +12,8 @@ import contextlib
 import functools
 import statistics
 import time
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (Any, Callable, Dict, List, Mapping, NamedTuple,
+                    Optional, Sequence, Tuple, Union)
 
 import jax
 import jax.numpy as jnp
@@ -246,24 +246,48 @@ def decoder_call_seconds(variants: Mapping[Any, Tuple[Model, int,
   return seconds
 
 
+class LoopTiming(NamedTuple):
+  """One decoding loop's time, split as a call spends it.
+
+  Attributes:
+    iteration_seconds: One iteration of the loop.
+    call_seconds: What a call spends beyond its iterations, once (encoder
+      passes, setting up caches, dispatch, the last copies), >= 0.
+  """
+  iteration_seconds: float
+  call_seconds: float
+
+
+# The key `loop_iteration_seconds` times gamma='auto''s program under when
+# every row decodes plainly (proposes nothing) at every iteration.
+PLAIN = 'plain'
+# The shorter of the two outputs `loop_iteration_seconds` differences: long
+# enough that an iteration proposing 7 tokens fits in it (shorter, such a
+# row proposes less, and the two runs differ in kind, not in iterations).
+SHORT_LENGTH = 8
+
+
 def loop_iteration_seconds(target: Model, draft: Model,
                            encoder_input_tokens: Any,
                            counts: Sequence[int], max_gamma: int,
-                           repeats: int = 7, length: int = 32,
-                           temperature: float = 1.0) -> Dict[int, float]:
-  """Seconds one iteration of the decoders' own loops takes, per count.
+                           repeats: int = 7, length: int = 64,
+                           temperature: float = 1.0,
+                           plain: bool = False) -> Dict[Any, LoopTiming]:
+  """Seconds one iteration of the decoders' own loops takes, per count,
+  and what a call spends beyond its iterations.
 
   For each count g (0: baseline decoding; else gamma='auto''s own loop at
   `max_gamma` with every row proposing g, `adaptive.forced_costs`: the
   program the rule's choices run in, its call-width switch, catch-ups and
-  rule included) the probe is decoded to `length` tokens and to a quarter
-  of that, with no EOS, so every row runs to the end and the number of
+  rule included) the probe is decoded to `length` tokens and to
+  `SHORT_LENGTH`, with no EOS, so every row runs to the end and the number of
   iterations is the loop's own. (An early EOS would share one program
   between the two, but at a temperature the rows of a batch sample
   different tokens, so one row's EOS does not stop the others.) All runs
   take turns after warm-up; the difference in time over the difference in
   iterations is one iteration, everything in it: decoder calls, sampling
-  (or argmax, greedy), verification, bookkeeping.
+  (or argmax, greedy), verification, bookkeeping. The shorter run's time
+  less its iterations is what the call spends once.
 
   Args:
     target: The target.
@@ -272,19 +296,23 @@ def loop_iteration_seconds(target: Model, draft: Model,
     counts: Draft tokens per iteration to measure (0 for baseline).
     max_gamma: gamma='auto''s largest count (>= every count).
     repeats: Timed runs per count and length.
-    length: Output length of the longer run (>= 8): the longer, the
-      smaller the share of the machine's noise in the difference.
+    length: Output length of the longer run (>= 2 * SHORT_LENGTH): the
+      longer, the more iterations in the difference (at 7 proposals an
+      iteration may emit 8 tokens) and the smaller the share of the
+      machine's noise in it.
     temperature: 0 times greedy decoding's iterations.
+    plain: Also time gamma='auto''s program with every row proposing
+      nothing (plain target steps in the speculative loop), under `PLAIN`.
 
   Returns:
-    count -> seconds per iteration.
+    count (or `PLAIN`) -> its `LoopTiming`.
   """
-  if length < 8:
-    raise ValueError(f'length must be >= 8, got {length}.')
+  if length < 2 * SHORT_LENGTH:
+    raise ValueError(f'length must be >= {2 * SHORT_LENGTH}, got {length}.')
   enc = jnp.asarray(encoder_input_tokens, jnp.int32)
   sampling = SamplingConfig(temperature)
   rng = jax.random.PRNGKey(0)
-  lengths = {'full': length, 'short': length // 4}
+  lengths = {'full': length, 'short': SHORT_LENGTH}
   results = {}
 
   def decode(count, max_decode_len):
@@ -296,24 +324,28 @@ def loop_iteration_seconds(target: Model, draft: Model,
     return speculative.speculative_generate(
         target, draft, enc, rng=rng, max_decode_len=max_decode_len,
         sampling=sampling, eos_id=-1, gamma=max_gamma, lenience=1.0,
-        proposal_costs=adaptive.forced_costs(count, max_gamma))
+        proposal_costs=adaptive.forced_costs(
+            0 if count == PLAIN else count, max_gamma))
 
+  keys = tuple(counts) + ((PLAIN,) if plain else ())
   calls = {}
-  for count in counts:
+  for count in keys:
     for name, max_decode_len in lengths.items():
       def call(count=count, name=name, max_decode_len=max_decode_len):
         results[(count, name)] = decode(count, max_decode_len)
         return results[(count, name)].tokens
       calls[(count, name)] = call
   timings = interleaved_timings(calls, repeats, warmup=1)
-  seconds = {}
-  for count in counts:
+  timed = {}
+  for count in keys:
     iterations = [int(results[(count, name)].num_iterations)
                   for name in ('short', 'full')]
-    spent = (median(timings[(count, 'full')])
-             - median(timings[(count, 'short')]))
-    seconds[count] = max(spent, 1e-9) / max(iterations[1] - iterations[0], 1)
-  return seconds
+    short = median(timings[(count, 'short')])
+    spent = median(timings[(count, 'full')]) - short
+    per_iteration = max(spent, 1e-9) / max(iterations[1] - iterations[0], 1)
+    timed[count] = LoopTiming(
+        per_iteration, max(short - iterations[0] * per_iteration, 0.0))
+  return timed
 
 
 def decoder_step_seconds(model: Model, encoder_input_tokens: Any,

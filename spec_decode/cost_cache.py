@@ -1,7 +1,8 @@
 """The on-disk cache of measured costs and of each pair's acceptance.
 
 One small JSON file (`cache_path()`): {'format': CACHE_FORMAT, 'entries':
-{key: cost profile}, 'acceptance': {key: {'beta_sum', 'beta_count'}}}. The
+{key: cost profile}, 'acceptance': {key: {'beta_sum', 'beta_count',
+'tokens', 'rows'}}}. The
 file is never trusted blindly: an unreadable, malformed or wrong-version
 file, or an entry that does not hold what it should, reads as missing;
 writes go to a temporary file renamed into place, so two processes writing
@@ -12,7 +13,7 @@ and entries mean.
 import json
 import os
 import tempfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 # 2: profiles also hold the measured cost of a whole decoding iteration.
@@ -26,7 +27,9 @@ CACHE_DIR_ENV = 'SPEC_DECODE_CACHE_DIR'
 # 6: every width's calls cover the same positions (the attention kernel
 #    skips the masked tail of the cache, so a call costs what its position
 #    makes it attend).
-CACHE_FORMAT = 6
+# 7: plain steps of gamma='auto''s loop and what a call spends once; the
+#    kept acceptance also keeps the rows' output lengths.
+CACHE_FORMAT = 7
 # The kept acceptance halves its weight past this many positions, so it
 # follows the pair's recent use.
 _ACCEPTANCE_HORIZON = 20000
@@ -88,52 +91,79 @@ def write_entry(path: str, key: str, entry: Dict[str, Any]) -> None:
   _update_file(path, 'entries', key, entry)
 
 
-# (path, key) -> [beta_sum, beta_count, count when last written].
-_ACCEPTANCE: Dict[Tuple[str, str], List[float]] = {}
+class _Kept:
+  """A pair's kept figures at one sampling setting, as read and added to."""
 
-
-def _acceptance(path: str, key: str) -> List[float]:
-  if (path, key) not in _ACCEPTANCE:
-    entry = _section(_read_file(path), 'acceptance').get(key)
-    figures = [0.0, 0]
+  def __init__(self, entry: Any):
+    self.beta_sum, self.beta_count, self.tokens, self.rows = 0.0, 0, 0.0, 0
     if (isinstance(entry, dict)
         and isinstance(entry.get('beta_sum'), (int, float))
         and isinstance(entry.get('beta_count'), int)
         and entry['beta_count'] > 0
         and 0.0 <= entry['beta_sum'] <= entry['beta_count']):
-      figures = [float(entry['beta_sum']), entry['beta_count']]
-    _ACCEPTANCE[(path, key)] = figures + [figures[1]]
+      self.beta_sum, self.beta_count = (float(entry['beta_sum']),
+                                        entry['beta_count'])
+      if (isinstance(entry.get('tokens'), (int, float))
+          and isinstance(entry.get('rows'), int) and entry['rows'] > 0
+          and entry['tokens'] >= entry['rows']):
+        self.tokens, self.rows = float(entry['tokens']), entry['rows']
+    self.written = self.beta_count  # beta_count when last written
+
+  def to_json(self) -> Dict[str, Any]:
+    return {'beta_sum': self.beta_sum, 'beta_count': self.beta_count,
+            'tokens': self.tokens, 'rows': self.rows}
+
+
+_ACCEPTANCE: Dict[Tuple[str, str], _Kept] = {}
+
+
+def _kept(path: str, key: str) -> _Kept:
+  if (path, key) not in _ACCEPTANCE:
+    _ACCEPTANCE[(path, key)] = _Kept(
+        _section(_read_file(path), 'acceptance').get(key))
   return _ACCEPTANCE[(path, key)]
 
 
 def acceptance(key: str, path: Optional[str] = None) -> Optional[float]:
   """The mean beta kept under `key`, or None (none yet, or a stale or
   corrupt entry: not a pair of numbers with 0 <= sum <= count)."""
-  figures = _acceptance(path or cache_path(), key)
-  return figures[0] / figures[1] if figures[1] else None
+  kept = _kept(path or cache_path(), key)
+  return kept.beta_sum / kept.beta_count if kept.beta_count else None
+
+
+def output_length(key: str, path: Optional[str] = None) -> Optional[float]:
+  """The mean output length (tokens per row) kept under `key`, or None
+  (none yet, or no lengths a corrupt entry could not account for)."""
+  kept = _kept(path or cache_path(), key)
+  return kept.tokens / kept.rows if kept.rows else None
 
 
 def add_acceptance(key: str, beta_sum: float, beta_count: int,
+                   tokens: float = 0.0, rows: int = 0,
                    path: Optional[str] = None) -> None:
-  """Adds betas to the figures kept under `key`.
+  """Adds a call's betas (and its rows' output lengths) to the figures
+  kept under `key`.
 
   The file is rewritten when the positions counted grew by a quarter since
   the last write (not after every call: a notebook's loop of calls stays
   cheap); a read-only home keeps the figures in memory only.
   """
   path = path or cache_path()
-  figures = _acceptance(path, key)
-  figures[0] += beta_sum
-  figures[1] += beta_count
-  if figures[1] > _ACCEPTANCE_HORIZON:
-    figures[0] /= 2
-    figures[1] //= 2
-    figures[2] = 0
-  if figures[1] and figures[1] >= 1.25 * figures[2]:
+  kept = _kept(path, key)
+  kept.beta_sum += beta_sum
+  kept.beta_count += beta_count
+  kept.tokens += tokens
+  kept.rows += rows
+  if kept.beta_count > _ACCEPTANCE_HORIZON:
+    kept.beta_sum /= 2
+    kept.beta_count //= 2
+    kept.tokens /= 2
+    kept.rows = max(kept.rows // 2, 1) if kept.rows else 0
+    kept.written = 0
+  if kept.beta_count and kept.beta_count >= 1.25 * kept.written:
     try:
-      _update_file(path, 'acceptance', key,
-                   {'beta_sum': figures[0], 'beta_count': figures[1]})
-      figures[2] = figures[1]
+      _update_file(path, 'acceptance', key, kept.to_json())
+      kept.written = kept.beta_count
     except OSError:
       pass
 

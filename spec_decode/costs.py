@@ -8,8 +8,9 @@ to a target step (c). So `gamma='auto'` measures both here, once per
 flags, jax version, decoder kernels), keeps them in a small JSON file under
 the user's cache directory, and hands them to the rule inside the compiled
 loop (`adaptive`). The pair's acceptance (the mean beta of its last runs,
-per sampling setting) is kept in the same file, so a fresh process starts
-from it (`acceptance_prior`, `record_acceptance`).
+per sampling setting) and its usual output length are kept in the same
+file, so a fresh process starts from them (`acceptance_prior`,
+`output_length`, `record_acceptance`).
 
 The cache (`cost_cache`) is never trusted blindly: an unreadable,
 malformed or wrong-version file, or an entry whose figures are not positive
@@ -64,6 +65,15 @@ class CostProfile:
       `benchmark.loop_iteration_seconds`).
     greedy_iteration_seconds: The same, greedy (an argmax instead of each
       draw: cheaper, most of all for long proposals).
+    plain_iteration_seconds: A plain target step (every row proposing
+      nothing) inside gamma='auto''s loop, at temperature 1 (0: not
+      measured, priced as a baseline step).
+    greedy_plain_iteration_seconds: The same, greedy.
+    call_seconds: What a baseline call spends once, beyond its iterations
+      (the encoder pass, setting up caches, dispatch).
+    call_extra_seconds: What a call of gamma='auto''s program whose rows
+      propose spends once beyond that (the draft's encoder pass, its cache,
+      a larger program to dispatch).
   """
   target_step_seconds: float
   draft_step_seconds: float
@@ -71,6 +81,10 @@ class CostProfile:
   iteration_counts: Tuple[int, ...]
   iteration_seconds: Tuple[float, ...]
   greedy_iteration_seconds: Tuple[float, ...]
+  plain_iteration_seconds: float = 0.0
+  greedy_plain_iteration_seconds: float = 0.0
+  call_seconds: float = 0.0
+  call_extra_seconds: float = 0.0
 
   @property
   def c(self) -> float:
@@ -85,6 +99,10 @@ class CostProfile:
     """A target call on gamma + 1 tokens, in single-token target steps."""
     return self.verify_seconds[gamma] / self.target_step_seconds
 
+  def _baseline_iteration(self, greedy: bool) -> float:
+    return (self.greedy_iteration_seconds if greedy
+            else self.iteration_seconds)[0]
+
   def iteration_cost(self, gamma: int, greedy: bool = False) -> float:
     """An iteration proposing gamma tokens (0: a baseline step), in baseline
     iterations of the same kind (greedy or sampled), timed at the smallest
@@ -94,6 +112,21 @@ class CostProfile:
     seconds = (self.greedy_iteration_seconds if greedy
                else self.iteration_seconds)
     return seconds[index] / seconds[0]
+
+  def plain_cost(self, greedy: bool = False) -> float:
+    """A plain step inside gamma='auto''s loop, in baseline iterations
+    (>= 1: that loop does all a baseline step does, and more)."""
+    seconds = (self.greedy_plain_iteration_seconds if greedy
+               else self.plain_iteration_seconds)
+    return max(1.0, seconds / self._baseline_iteration(greedy))
+
+  def call_cost(self, greedy: bool = False) -> float:
+    """`call_seconds` in baseline iterations."""
+    return self.call_seconds / self._baseline_iteration(greedy)
+
+  def call_extra_cost(self, greedy: bool = False) -> float:
+    """`call_extra_seconds` in baseline iterations."""
+    return self.call_extra_seconds / self._baseline_iteration(greedy)
 
   def to_json(self) -> Dict[str, Any]:
     return dataclasses.asdict(self)
@@ -107,14 +140,22 @@ class CostProfile:
                     tuple(float(v) for v in entry['verify_seconds']),
                     tuple(int(v) for v in entry['iteration_counts']),
                     tuple(float(v) for v in entry['iteration_seconds']),
-                    tuple(float(v) for v in entry['greedy_iteration_seconds']))
+                    tuple(float(v) for v in entry['greedy_iteration_seconds']),
+                    float(entry['plain_iteration_seconds']),
+                    float(entry['greedy_plain_iteration_seconds']),
+                    float(entry['call_seconds']),
+                    float(entry['call_extra_seconds']))
     except (KeyError, TypeError, ValueError):
       return None
     values = (profile.target_step_seconds, profile.draft_step_seconds,
               *profile.verify_seconds, *profile.iteration_seconds,
-              *profile.greedy_iteration_seconds)
+              *profile.greedy_iteration_seconds,
+              profile.plain_iteration_seconds,
+              profile.greedy_plain_iteration_seconds, profile.call_seconds)
     if (len(profile.verify_seconds) < 2
         or not all(math.isfinite(v) and v > 0 for v in values)
+        or not (math.isfinite(profile.call_extra_seconds)
+                and profile.call_extra_seconds >= 0)
         or len(profile.iteration_counts) != len(profile.iteration_seconds)
         or len(profile.iteration_counts) != len(
             profile.greedy_iteration_seconds)
@@ -247,12 +288,21 @@ def acceptance_prior(target: Model, draft: Model, sampling: Any,
                                path)
 
 
+def output_length(target: Model, draft: Model, sampling: Any,
+                  path: Optional[str] = None) -> Optional[float]:
+  """The pair's mean output length (tokens per row) at this sampling
+  setting, over its last runs that speculated, or None before any."""
+  return cost_cache.output_length(_acceptance_key(target, draft, sampling),
+                                  path)
+
+
 def record_acceptance(target: Model, draft: Model, sampling: Any,
-                      beta_sum: float, beta_count: int,
-                      path: Optional[str] = None) -> None:
-  """Adds a run's betas to the pair's kept acceptance."""
+                      beta_sum: float, beta_count: int, tokens: float = 0.0,
+                      rows: int = 0, path: Optional[str] = None) -> None:
+  """Adds a run's betas, and its rows' output lengths (`tokens` emitted by
+  `rows` rows), to the pair's kept figures."""
   cost_cache.add_acceptance(_acceptance_key(target, draft, sampling),
-                            beta_sum, beta_count, path)
+                            beta_sum, beta_count, tokens, rows, path)
 
 
 def measure_profile(target: Model, draft: Model, batch_size: int,
@@ -268,7 +318,9 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
   Then whole iterations of the decoders' own loops
   (`benchmark.loop_iteration_seconds`): a baseline step, and iterations of
   gamma='auto''s program with every row proposing each count that fills
-  one of its call widths (1, 3, 7): what the in-loop rule weighs.
+  one of its call widths (1, 3, 7) or nothing: what the in-loop rule
+  weighs; and what a call spends once, baseline and speculating: what the
+  rule's decision to speculate at all weighs.
 
   Args:
     target: The target.
@@ -290,24 +342,41 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
   seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
   counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
                         if width > 1)
-  iterations = benchmark.loop_iteration_seconds(
-      target, draft, probe, counts, max_gamma, repeats=repeats)
-  greedy_iterations = benchmark.loop_iteration_seconds(
-      target, draft, probe, counts, max_gamma, repeats=repeats,
-      temperature=0.0)
+  sampled, greedy = (
+      benchmark.loop_iteration_seconds(
+          target, draft, probe, counts, max_gamma, repeats=repeats,
+          temperature=temperature, plain=True)
+      for temperature in (1.0, 0.0))
   verify_seconds = tuple(seconds[('target', k)]
                          for k in range(1, max_gamma + 2))
   # An iteration makes its target call and more: a difference of medians
   # below the call alone is the machine's noise, not a cheap iteration.
-  floor = lambda timed: tuple(max(timed[count], verify_seconds[count])
-                              for count in counts)
+  floor = lambda timed: tuple(
+      max(timed[count].iteration_seconds, verify_seconds[count])
+      for count in counts)
+  # One-off costs hardly depend on sampling: the middle of every timing of
+  # each, against the noise of differencing medians. Only runs that speculate
+  # from their first iteration, as a call does, say what speculating costs
+  # once: one proposal fits the shorter output, and every count fits a plain
+  # step; longer proposals do not.
+  call_seconds = float(np.mean([timed[0].call_seconds
+                                for timed in (sampled, greedy)]))
+  call_extra = float(np.median([
+      timed[count].call_seconds - timed[0].call_seconds
+      for timed in (sampled, greedy) for count in (1, benchmark.PLAIN)]))
   return CostProfile(
       target_step_seconds=seconds[('target', 1)],
       draft_step_seconds=seconds[('draft', 1)],
       verify_seconds=verify_seconds,
       iteration_counts=counts,
-      iteration_seconds=floor(iterations),
-      greedy_iteration_seconds=floor(greedy_iterations))
+      iteration_seconds=floor(sampled),
+      greedy_iteration_seconds=floor(greedy),
+      plain_iteration_seconds=sampled[benchmark.PLAIN].iteration_seconds,
+      greedy_plain_iteration_seconds=(
+          greedy[benchmark.PLAIN].iteration_seconds),
+      # A failed difference can come out at 0; a call always costs something.
+      call_seconds=max(call_seconds, verify_seconds[0]),
+      call_extra_seconds=max(call_extra, 0.0))
 
 
 def cost_profile(target: Model, draft: Model, batch_size: int,

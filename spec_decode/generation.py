@@ -67,14 +67,14 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
       compiled program serves every choice. Speculative only.
     max_gamma: With gamma='auto', the most tokens a row proposes in an
       iteration (default `costs.DEFAULT_MAX_GAMMA`); an integer >= 1.
-    min_gain: With gamma='auto', how much faster than a plain target step a
-      row's best count must be predicted before the row proposes (default
-      `adaptive.MIN_GAIN`, set from CPU measurements where the prediction
-      ran ahead of the clock); a number >= 1. Where speculation pays by
-      the paper's margins (accelerators) the default does not bind; on a
-      CPU whose measured speedups follow the prediction more closely a
-      lower margin takes gains the default leaves (the main job's `pred
-      loop` and `speedup` columns say how close).
+    min_gain: With gamma='auto', the margin a call's predicted speedup
+      over baseline decoding (at the pair's usual output length, what the
+      call spends once included) must clear before the call speculates;
+      below it the call is a baseline decode (default `adaptive.MIN_GAIN`,
+      set from CPU measurements); a number >= 1. Lower takes smaller
+      predicted gains, and loses where the prediction runs ahead of the
+      clock (the main job's `pred loop` and `speedup` columns say how
+      close).
     lenience: Paper appendix A.5. 1.0 (default) is exact. Values in (0, 1)
       accept more draft tokens and are LOSSY: outputs no longer follow the
       target's distribution.
@@ -183,8 +183,8 @@ def check_min_gain(min_gain: Any, gamma: Union[int, str]
                      f'{min_gain!r} with gamma={gamma!r}.')
   min_gain = validation.check_float('min_gain', min_gain)
   if min_gain < 1.0:
-    raise ValueError(f'min_gain must be >= 1 (a count predicted slower than '
-                     f'a plain step never pays), got {min_gain}.')
+    raise ValueError(f'min_gain must be >= 1 (a call predicted slower than '
+                     f'baseline decoding never pays), got {min_gain}.')
   return min_gain
 
 

@@ -56,8 +56,8 @@ class MainConfig:
     gamma: Draft tokens per iteration, or 'auto' (each row chooses 0 to
       max_gamma proposals per iteration inside the compiled loop, from its
       own acceptance so far and the costs measured on this machine).
-    min_gain: With gamma='auto', the margin over a plain step a row's best
-      count must be predicted to beat before it proposes (`generate`'s
+    min_gain: With gamma='auto', the margin a call's predicted speedup over
+      baseline decoding must clear before the call speculates (`generate`'s
       `min_gain`); None is `adaptive.MIN_GAIN`.
     max_decode_len: Output length limit.
     input_length: Encoder inputs are truncated and padded to this length.
@@ -221,12 +221,15 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
                f'{profile.verify_cost(k - 1):.2f}'
                for k in range(1, profile.max_gamma + 2))))
   counts = [count for count in profile.iteration_counts if count]
-  _log("gamma='auto' weighs whole iterations proposing %s tokens at %s "
-       'baseline steps (T>0; greedy %s)' % (
+  _log("gamma='auto' weighs whole iterations proposing 0 (a plain step) / "
+       '%s tokens at %s baseline steps (T>0; greedy %s); a call spends '
+       '%.1f baseline steps once, %.1f more when it speculates' % (
            ' / '.join(map(str, counts)),
-           ' / '.join(f'{profile.iteration_cost(g):.2f}' for g in counts),
-           ' / '.join(f'{profile.iteration_cost(g, True):.2f}'
-                      for g in counts)))
+           ' / '.join(f'{cost:.2f}' for cost in [profile.plain_cost()] + [
+               profile.iteration_cost(g) for g in counts]),
+           ' / '.join(f'{cost:.2f}' for cost in [profile.plain_cost(True)] + [
+               profile.iteration_cost(g, True) for g in counts]),
+           profile.call_cost(), profile.call_extra_cost()))
   rows = []
   for task in config.tasks:
     for temperature in config.temperatures:

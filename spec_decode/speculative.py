@@ -19,9 +19,9 @@ free because positions past a row's length are masked and later overwritten.
 The whole call is one jitted function: a `lax.while_loop` over iterations with
 the draft's steps inside it, so no host round trip per token. With
 gamma='auto' the costs and the prior are traced arguments, so one program
-serves every choice. (A gamma='auto' call whose rows would never propose,
-`adaptive.ever_proposes`, is a baseline decode: `generate` runs the
-baseline's program for it instead of this one.)
+serves every choice. (A gamma='auto' call not predicted to gain the margin
+by speculating, `adaptive.ever_proposes`, is a baseline decode: `generate`
+runs the baseline's program for it instead of this one.)
 """
 
 import functools

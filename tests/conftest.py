@@ -178,10 +178,14 @@ def chi_square_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
 
 def cost_profile_from_curve(verify, c: float = 0.05):
   """A `costs.CostProfile` whose whole iterations cost what their calls do:
-  a target call on g + 1 tokens (verify[g] steps) and g draft steps."""
+  a target call on g + 1 tokens (verify[g] steps) and g draft steps; a
+  plain step of the speculative loop costs a baseline step, a call one step
+  once, and speculating nothing more."""
   counts = (0,) + tuple(width - 1 for width in
                         adaptive.chunk_widths(len(verify) - 1) if width > 1)
   return costs.CostProfile(
       1.0, c, tuple(verify), counts,
       tuple(1.0 if g == 0 else verify[g] + g * c for g in counts),
-      tuple(1.0 if g == 0 else verify[g] + g * c for g in counts))
+      tuple(1.0 if g == 0 else verify[g] + g * c for g in counts),
+      plain_iteration_seconds=1.0, greedy_plain_iteration_seconds=1.0,
+      call_seconds=1.0, call_extra_seconds=0.0)

@@ -33,13 +33,19 @@ def test_loop_iterations_are_differenced_over_every_row(temperature,
   monkeypatch.setattr(benchmark, 'interleaved_timings', _modelled_clock)
   target = random_model(0, vocab_size=256)
   draft = random_model(1, vocab_size=256, num_decoder_layers=1)
-  seconds = benchmark.loop_iteration_seconds(
+  timed = benchmark.loop_iteration_seconds(
       target, draft, random_inputs(4, 8, 256, seed=0), counts=(0, 3),
-      max_gamma=3, repeats=1, length=16, temperature=temperature)
-  # Baseline: one position per iteration, so exactly one step.
-  assert seconds[0] == pytest.approx(STEP)
+      max_gamma=3, repeats=1, length=16, temperature=temperature,
+      plain=True)
+  # Baseline: one position per iteration, so exactly one step, and the
+  # set-up is what the call spends once.
+  assert timed[0].iteration_seconds == pytest.approx(STEP)
+  assert timed[0].call_seconds == pytest.approx(SET_UP)
   # Speculative: 12 positions over fewer iterations (each emits 1..4).
-  assert STEP <= seconds[3] <= 4 * STEP + 1e-12
+  assert STEP <= timed[3].iteration_seconds <= 4 * STEP + 1e-12
+  # gamma='auto''s loop with every row plain: one position per iteration.
+  assert timed[benchmark.PLAIN].iteration_seconds == pytest.approx(STEP)
+  assert timed[benchmark.PLAIN].call_seconds == pytest.approx(SET_UP)
 
 
 @pytest.mark.parametrize('count', [1, 2, 3, 4, 5])

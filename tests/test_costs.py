@@ -42,6 +42,17 @@ def test_malformed_profiles_are_rejected():
       {**good, 'iteration_seconds': [1.0, 1e-9]}) is None
   assert costs.CostProfile.from_json(
       {**good, 'greedy_iteration_seconds': [1e-9, 1.3]}) is None
+  # So is one from before plain steps and one-off costs were timed.
+  for name in ('plain_iteration_seconds', 'call_seconds',
+               'call_extra_seconds'):
+    older = dict(good)
+    del older[name]
+    assert costs.CostProfile.from_json(older) is None
+  assert costs.CostProfile.from_json({**good, 'call_seconds': 0.0}) is None
+  assert costs.CostProfile.from_json(
+      {**good, 'call_extra_seconds': -1e-3}) is None
+  assert costs.CostProfile.from_json(
+      {**good, 'call_extra_seconds': 0.0}) == _profile([1.0, 1.2])
   assert costs.CostProfile.from_json(good) == _profile([1.0, 1.2])
 
 
@@ -56,6 +67,21 @@ def test_iteration_cost_is_timed_at_the_next_measured_count():
   # Greedy iterations are priced against greedy baseline steps.
   assert profile.iteration_cost(0, greedy=True) == 1.0
   assert profile.iteration_cost(3, greedy=True) == pytest.approx(1.4)
+
+
+def test_one_off_costs_and_plain_steps_are_in_baseline_steps():
+  profile = costs.CostProfile(0.01, 0.001, (0.01, 0.011), (0, 1),
+                              (0.0125, 0.015), (0.01, 0.011),
+                              plain_iteration_seconds=0.0135,
+                              greedy_plain_iteration_seconds=0.0095,
+                              call_seconds=0.05, call_extra_seconds=0.01)
+  assert profile.plain_cost() == pytest.approx(0.0135 / 0.0125)
+  # The speculative loop does all a baseline step does: a plain step timed
+  # below one is noise.
+  assert profile.plain_cost(greedy=True) == 1.0
+  assert profile.call_cost() == pytest.approx(4.0)
+  assert profile.call_cost(greedy=True) == pytest.approx(5.0)
+  assert profile.call_extra_cost(greedy=True) == pytest.approx(1.0)
 
 
 @pytest.fixture
