@@ -18,9 +18,10 @@ the license texts Debian ships in /usr/share/common-licenses: legal prose,
 a domain the shipped models never saw. --source=test takes the committed
 test samples the main job decodes.
 
---margins=1.4,1.25 also times 'auto' with its margin over a plain step
-(`generate`'s `min_gain`; default `adaptive.MIN_GAIN`) set to each value:
-where a lower margin starts to pay, or to lose, on this machine.
+--margins=1.2,1.05 also times 'auto' with the margin its calls' predicted
+speedup over baseline must clear to speculate (`generate`'s `min_gain`;
+default `adaptive.MIN_GAIN`) set to each value: where a lower margin starts
+to pay, or to lose, on this machine.
 
 Prints, per task and temperature: ms per emitted token of each variant,
 its speedup over baseline, the best fixed gamma, 'auto''s proposals per
@@ -53,8 +54,8 @@ flags.DEFINE_list('tasks', ['translate_en_de', 'summarize'], 'Tasks.')
 flags.DEFINE_list('temperatures', ['0', '1'], 'Sampling temperatures.')
 flags.DEFINE_list('gammas', ['1', '2', '3', '4', '5', '7'], 'Fixed gammas.')
 flags.DEFINE_list('margins', [],
-                  "gamma='auto' also at each of these margins over a plain "
-                  "step (generate's min_gain): where the margin stops "
+                  "gamma='auto' also at each of these margins over baseline "
+                  "decoding (generate's min_gain): where the margin stops "
                   'paying on this machine.')
 flags.DEFINE_integer('num_calls', 40, 'Timed inputs (calls) per setting.')
 flags.DEFINE_integer('batch_size', 1, 'Rows per call.')

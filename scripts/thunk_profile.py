@@ -16,7 +16,8 @@ The decoders:
   speculative   a fixed --gamma, the draft proposing every iteration;
   auto          gamma='auto''s program at --max_gamma with costs that
                 make every row propose --gamma at every iteration
-                (`adaptive.forced_costs`): against `speculative` at the
+                (`adaptive.forced_costs`; 0: plain steps in that loop,
+                against `baseline`): against `speculative` at the
                 same --gamma, what its call-width switch, catch-ups and
                 rule cost.
 

@@ -55,12 +55,12 @@ PRIOR_PULL = 0.1
 # the prediction still leaves out: a row's acceptance varies along its
 # output (the prior is a mean), the draft catching up after plain steps,
 # and the costs are medians on a shared machine. On a 2-core AMX Xeon
-# (2026-12-07, fourth session; scripts/README.md, auto_gamma.py) calls
-# predicted ~1.2-1.25x measured 0.97-1.12x greedy on the main job's data,
-# 1.05-1.08x on unseen text; at 1.1 sampled calls (predicted ~1.0x) and
-# batch 8 ran as baseline decodes (0.99-1.00x). (Where speculation pays by
-# the paper's margins, on accelerators, predictions are 2-3x: the margin
-# does not bind.)
+# (2026-12-07, fourth session; scripts/README.md, auto_gamma.py) greedy
+# calls predicted ~1.2-1.25x measured 1.03-1.22x on the main job's data and
+# 1.08-1.16x on unseen text, 0.95-0.96 of the best fixed gamma; sampled
+# calls (predicted ~1.0x) and batch 8 ran as baseline decodes (0.99-1.00x).
+# (Where speculation pays by the paper's margins, on accelerators,
+# predictions are 2-3x: the margin does not bind.)
 MIN_GAIN = 1.1
 
 

@@ -5,8 +5,9 @@ Before a call: the pair's measured costs (`costs.cost_profile`) and its kept
 acceptance as the rule's prior, made into the rule's inputs once per value;
 whether the call speculates at all, from its predicted speedup at the
 pair's usual output length (a call that does not runs the baseline's
-program). After a call that proposed: its betas and its rows' lengths
-added to the pair's kept figures. The rule itself runs inside the compiled loop
+program). After a call: its betas and its rows' lengths, kept to add to the
+pair's figures when they are next read (`costs.record_result`: not waited
+for inside the call). The rule itself runs inside the compiled loop
 (`spec_decode.adaptive`, `spec_decode.speculative`).
 """
 
@@ -106,13 +107,10 @@ def _proposal_costs(rule_costs: _RuleCosts, alpha_prior: float,
       rule_costs.call_extra_cost))
 
 
-def _output_length(model: Model, draft: Model,
-                   sampling: sampling_lib.SamplingConfig,
-                   max_decode_len: int) -> int:
+def _output_length(kept: Optional[float], max_decode_len: int) -> int:
   """The tokens a row of this call is expected to emit: the pair's usual
-  output length (whole tokens, so calls share the cached answers), else
-  the call's limit; at most the limit."""
-  kept = costs.output_length(model, draft, sampling)
+  output length `kept` (whole tokens, so calls share the cached answers),
+  else the call's limit; at most the limit."""
   return max(1, min(max_decode_len,
                     max_decode_len if kept is None else round(kept)))
 
@@ -180,7 +178,7 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
     The `DecodeResult`, gamma = max_gamma.
   """
   profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
-  prior = costs.acceptance_prior(model, draft, sampling)
+  prior, kept_length = costs.kept_figures(model, draft, sampling)
   rule_costs = _rule_costs(profile, sampling.greedy)
   alpha_prior = _on_prior_grid(costs.DEFAULT_ALPHA_PRIOR if prior is None
                                else prior)
@@ -188,8 +186,7 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   plain_args = baseline_args(model, tokens, rng, max_decode_len, sampling,
                              eos_id)
   if not _would_propose(rule_costs, alpha_prior, min_gain,
-                        _output_length(model, draft, sampling,
-                                       max_decode_len)):
+                        _output_length(kept_length, max_decode_len)):
     return _baseline_as_auto(*plain_args, max_gamma, proposal_costs)
   # Each trimming setting has its own programs (`compile.decoder_jit`).
   signature = (id(model), id(draft), tokens.shape, max_decode_len, sampling,
@@ -202,13 +199,5 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=max_gamma,
       proposal_costs=proposal_costs, **options)
-  verified = np.asarray(result.verified_positions)
-  if verified.any():  # A call whose rows never proposed observed nothing.
-    # Rows that examined nothing have a NaN mean and count 0.
-    betas = np.where(verified > 0, np.asarray(result.mean_beta), 0.0)
-    costs.record_acceptance(model, draft, sampling,
-                            float(np.dot(betas, verified)),
-                            int(verified.sum()),
-                            float(np.asarray(result.lengths).sum()),
-                            int(tokens.shape[0]))
+  costs.record_result(model, draft, sampling, result)
   return result

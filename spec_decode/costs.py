@@ -26,7 +26,7 @@ import math
 import os
 import platform
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -284,6 +284,7 @@ def acceptance_prior(target: Model, draft: Model, sampling: Any,
                      path: Optional[str] = None) -> Optional[float]:
   """The pair's mean beta at this sampling setting (its last runs'), kept
   beside the costs, or None before any run (`cost_cache.acceptance`)."""
+  _add_pending()
   return cost_cache.acceptance(_acceptance_key(target, draft, sampling),
                                path)
 
@@ -292,8 +293,22 @@ def output_length(target: Model, draft: Model, sampling: Any,
                   path: Optional[str] = None) -> Optional[float]:
   """The pair's mean output length (tokens per row) at this sampling
   setting, over its last runs that speculated, or None before any."""
+  _add_pending()
   return cost_cache.output_length(_acceptance_key(target, draft, sampling),
                                   path)
+
+
+def kept_figures(target: Model, draft: Model, sampling: Any
+                 ) -> Tuple[Optional[float], Optional[float]]:
+  """`acceptance_prior` and `output_length` as gamma='auto' reads them
+  before every call: the last calls' figures are added every
+  `PENDING_CALLS` calls, not every call (they move the kept means by far
+  less than their own noise)."""
+  if len(_PENDING) >= PENDING_CALLS:
+    _add_pending()
+  key, path = _acceptance_key(target, draft, sampling), cache_path()
+  return (cost_cache.acceptance(key, path),
+          cost_cache.output_length(key, path))
 
 
 def record_acceptance(target: Model, draft: Model, sampling: Any,
@@ -303,6 +318,56 @@ def record_acceptance(target: Model, draft: Model, sampling: Any,
   `rows` rows), to the pair's kept figures."""
   cost_cache.add_acceptance(_acceptance_key(target, draft, sampling),
                             beta_sum, beta_count, tokens, rows, path)
+
+
+class _Pending(NamedTuple):
+  target: Model
+  draft: Model
+  sampling: Any
+  path: str
+  verified_positions: Any  # [batch], on the device until read
+  mean_beta: Any
+  lengths: Any
+
+
+# gamma='auto' calls whose figures are still on the device: added to the
+# pair's kept figures together, when read (`acceptance_prior`) or every
+# PENDING_CALLS calls (`kept_figures`), not at the end of each call: reading
+# a call's figures inside `generate` (waiting for its end, three small
+# transfers) cost 0.2-0.4 ms a call on a 2-core Xeon, 2-3% of a short
+# output's decode.
+_PENDING: List[_Pending] = []
+PENDING_CALLS = 16
+
+
+def record_result(target: Model, draft: Model, sampling: Any, result: Any,
+                  path: Optional[str] = None) -> None:
+  """Keeps a call's betas and its rows' lengths (a `DecodeResult`) to add to
+  the pair's figures (`record_acceptance`) later; a call whose rows
+  proposed nothing observed nothing and adds nothing."""
+  _PENDING.append(_Pending(target, draft, sampling, path or cache_path(),
+                           result.verified_positions, result.mean_beta,
+                           result.lengths))
+
+
+def _add_pending() -> None:
+  """Adds every kept call's figures, read in one transfer."""
+  if not _PENDING:
+    return
+  calls = list(_PENDING)
+  _PENDING.clear()
+  figures = jax.device_get([(call.verified_positions, call.mean_beta,
+                             call.lengths) for call in calls])
+  for call, (verified, mean_beta, lengths) in zip(calls, figures):
+    verified = np.asarray(verified)
+    if not verified.any():
+      continue
+    # Rows that examined nothing have a NaN mean and count 0.
+    betas = np.where(verified > 0, np.asarray(mean_beta), 0.0)
+    record_acceptance(call.target, call.draft, call.sampling,
+                      float(np.dot(betas, verified)), int(verified.sum()),
+                      float(np.asarray(lengths).sum()), len(verified),
+                      call.path)
 
 
 def measure_profile(target: Model, draft: Model, batch_size: int,

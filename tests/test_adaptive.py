@@ -172,12 +172,15 @@ def auto_costs(monkeypatch, tmp_path):
   monkeypatch.setattr(adaptive, 'MIN_GAIN', TEST_MIN_GAIN)
   cost_cache.forget_acceptance()
   state = {}
+  output_length = costs.output_length
 
   def use(verify, c=0.05, prior=None):
     state['profile'] = cost_profile_from_curve(verify, c)
     if prior is not None:
       monkeypatch.setattr(costs, 'acceptance_prior',
                           lambda *args, **kwargs: prior)
+      monkeypatch.setattr(costs, 'kept_figures', lambda *args: (
+          prior, output_length(*args)))
   monkeypatch.setattr(costs, 'cost_profile',
                       lambda *args, **kwargs: state['profile'])
   yield use
@@ -335,6 +338,32 @@ def test_the_pair_acceptance_is_kept_for_the_next_process(auto_costs,
   # to speculate weighs the call's one-off costs against.
   assert costs.output_length(target, draft, sampling) == pytest.approx(
       float(np.mean(result.lengths)))
+
+
+def test_calls_add_their_figures_later_and_all_of_them(auto_costs,
+                                                        monkeypatch):
+  # A call does not wait for its own figures: they are read every
+  # PENDING_CALLS calls, or when asked for, and none is lost.
+  monkeypatch.setattr(costs, 'PENDING_CALLS', 2)
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  auto_costs(CHEAP)
+  sampling = SamplingConfig(0.0)
+  results = []
+  for seed in range(3):
+    results.append(sd.generate(target, random_inputs(2, 7, 512, seed=seed),
+                               max_decode_len=12, draft=draft, gamma='auto'))
+    kept, _ = costs.kept_figures(target, draft, sampling)
+    # One call waiting is left waiting; two are added.
+    assert (kept is None) == (seed == 0)
+  verified = np.concatenate([np.asarray(r.verified_positions)
+                             for r in results])
+  betas = np.concatenate([np.nan_to_num(np.asarray(r.mean_beta))
+                          for r in results])
+  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
+      float(np.dot(betas, verified) / verified.sum()), rel=1e-5)
+  assert costs.output_length(target, draft, sampling) == pytest.approx(
+      float(np.mean([np.asarray(r.lengths) for r in results])))
 
 
 def test_a_corrupt_acceptance_entry_is_ignored(tmp_path, monkeypatch):
