@@ -123,17 +123,15 @@ _BASELINE_READY = set()
 @functools.partial(compile_lib.decoder_jit, static_argnums=(0, 4, 5, 7, 9))
 def _baseline_as_auto(config, params, encoder_input_tokens, rng,
                       max_decode_len, sampling, eos_id, partitioning,
-                      prepared, max_gamma: int,
-                      proposal_costs: adaptive.ProposalCosts) -> DecodeResult:
+                      prepared, max_gamma: int) -> DecodeResult:
   """A baseline decode reported as gamma='auto' whose rows chose 0 at every
-  iteration: proposal_counts [batch, max_gamma + 1], the rule's predicted
-  speedup of plain steps, gamma = max_gamma.
+  iteration: proposal_counts [batch, max_gamma + 1], a predicted speedup
+  of 1 (the baseline's own steps), gamma = max_gamma.
 
   The baseline's loop and the report are one program: a second program
   for the report cost a dispatch waiting on the decode's outputs, 0.2-0.6
   ms per call on a 2-core Xeon, 1-3% of a short output's decode.
   """
-  del proposal_costs  # Kept in the signature: the speculative call's.
   result = decoding.baseline_generate.__wrapped__(
       config, params, encoder_input_tokens, rng, max_decode_len, sampling,
       eos_id, partitioning, prepared)
@@ -187,13 +185,12 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                              eos_id)
   if not _would_propose(rule_costs, alpha_prior, min_gain,
                         _output_length(kept_length, max_decode_len)):
-    return _baseline_as_auto(*plain_args, max_gamma, proposal_costs)
+    return _baseline_as_auto(*plain_args, max_gamma)
   # Each trimming setting has its own programs (`compile.decoder_jit`).
   signature = (id(model), id(draft), tokens.shape, max_decode_len, sampling,
                max_gamma, encoder_widths.enabled())
   if signature not in _BASELINE_READY:
-    _baseline_as_auto.lower(*plain_args, max_gamma,
-                            proposal_costs).compile()
+    _baseline_as_auto.lower(*plain_args, max_gamma).compile()
     _BASELINE_READY.add(signature)
   result = speculative.speculative_generate(
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,

@@ -2,12 +2,11 @@
 
 One small JSON file (`cache_path()`): {'format': CACHE_FORMAT, 'entries':
 {key: cost profile}, 'acceptance': {key: {'beta_sum', 'beta_count',
-'tokens', 'rows'}}}. The
-file is never trusted blindly: an unreadable, malformed or wrong-version
-file, or an entry that does not hold what it should, reads as missing;
-writes go to a temporary file renamed into place, so two processes writing
-at once leave one whole file, never a torn one. `costs` says what the keys
-and entries mean.
+'tokens', 'rows'}}}. The file is never trusted blindly: an unreadable,
+malformed or wrong-version file, or an entry that does not hold what it
+should, reads as missing; writes go to a temporary file renamed into place,
+so two processes writing at once leave one whole file, never a torn one.
+`costs` says what the keys and entries mean.
 """
 
 import json

@@ -59,7 +59,7 @@ class _SpeculativeState:
   done: Array           # [batch] bool
   target_cache: Any
   draft_cache: Any
-  draft_encoded: Any    # the draft's EncodedInputs ('auto': once a row proposes)
+  draft_encoded: Any    # the draft's EncodedInputs
   draft_len: Array      # [batch] int32 right positions of the draft cache
   target_calls: Array   # [batch] int32
   proposed: Array       # [batch] int32
@@ -140,14 +140,11 @@ def _speculative_loop(target_config, draft_config, target_params,
       return prepare_decoding(draft_config, draft_params,
                               encoder_input_tokens, draft_prepared)
 
-  if auto:
-    # The draft's encoder runs at the first iteration where a row proposes:
-    # a call whose rows all decode plainly never pays for it.
-    draft_encoded = jax.tree_util.tree_map(
-        lambda leaf: jnp.zeros(leaf.shape, leaf.dtype),
-        jax.eval_shape(encode_for_draft))
-  else:
-    draft_encoded = encode_for_draft()
+  # With gamma='auto' too: a call runs this program only when its rows are
+  # predicted to propose (`adaptive.ever_proposes`). (Run at the first
+  # proposing iteration instead, under a conditional, it cost a conditional
+  # and a copy of the draft's encoded inputs at every iteration.)
+  draft_encoded = encode_for_draft()
   keys = sampling_lib.row_keys(rng, batch)
   positions = jnp.arange(gamma + 1, dtype=jnp.int32)
 
@@ -198,15 +195,10 @@ def _speculative_loop(target_config, draft_config, target_params,
       # Where no row proposes, the draft feeds nothing and its loops do not
       # start (a row with count 0 makes no proposal).
       draft_ran = jnp.any(counts > 0)
-      # draft_len stays 0 until the draft first runs (then >= 1 in every
-      # row): its encoder runs at the first iteration where a row proposes.
-      draft_encoded = jax.lax.cond(
-          draft_ran & jnp.all(state.draft_len == 0), encode_for_draft,
-          lambda: state.draft_encoded)
     else:
       counts, expected, cost = jnp.full((batch,), gamma, jnp.int32), None, None
       draft_ran = jnp.ones((), jnp.bool_)
-      draft_encoded = state.draft_encoded
+    draft_encoded = state.draft_encoded
     draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
         state, draft_encoded, counts, draft_keys, draft_ran)
     if sampling.greedy:
