@@ -18,7 +18,7 @@ The decoders:
                 make every row propose --gamma at every iteration
                 (`adaptive.forced_costs`; 0: plain steps in that loop,
                 against `baseline`): against `speculative` at the
-                same --gamma, what its call-width switch, catch-ups and
+                same --gamma, what its per-width loops, catch-ups and
                 rule cost.
 
   call          no decoding loop: the target's decoder calls alone, each

@@ -26,8 +26,9 @@ costs, and the target's call is as wide as the longest proposal needs:
     speculative program adds to them) priced in, must clear the margin
     `min_gain`. Below it the call is a baseline decode.
   * The target's call width is the smallest of a few compiled widths
-    (`chunk_widths`) covering every row's g + 1, chosen with `lax.switch`;
-    the rule prices each g at the width it would run at.
+    (`chunk_widths`) covering every row's g + 1; the speculative loop runs
+    each width as a loop of its own for as long as the choices keep to it.
+    The rule prices each g at the width it would run at.
 
 Why this stays exact: a row's count is fixed before its draft proposes,
 from tokens already emitted; any count is a valid speculative step
@@ -47,8 +48,12 @@ Array = jax.Array
 
 # How fast a row's estimate follows its own betas (weight of one examined
 # position), and how fast an estimate nobody feeds drifts back to the prior
-# (per iteration without a proposal).
-ALPHA_RATE = 0.15
+# (per iteration without a proposal). A row leaves the prior's choice on
+# some twenty positions of evidence, not on one rejection: on the shipped
+# pair a row's last few betas said nothing of its next ones, and at 0.15 a
+# single rejection turned rows to 1 proposal where 3 paid more (2026-12-07,
+# scripts/README.md, auto_gamma.py).
+ALPHA_RATE = 0.05
 PRIOR_PULL = 0.1
 # A call speculates only when its predicted speedup over baseline decoding,
 # its one-off costs included, clears this margin (`ever_proposes`). What

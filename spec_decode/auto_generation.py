@@ -6,7 +6,7 @@ acceptance as the rule's prior, made into the rule's inputs once per value;
 whether the call speculates at all, from its predicted speedup at the
 pair's usual output length (a call that does not runs the baseline's
 program). After a call: its betas and its rows' lengths, kept to add to the
-pair's figures when they are next read (`costs.record_result`: not waited
+pair's figures when they are next read (`acceptance.record_result`: not waited
 for inside the call). The rule itself runs inside the compiled loop
 (`spec_decode.adaptive`, `spec_decode.speculative`).
 """
@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from spec_decode import acceptance
 from spec_decode import adaptive
 from spec_decode import compile as compile_lib
 from spec_decode import costs
@@ -46,7 +47,7 @@ def auto_prior(model: Model, draft: Model, temperature: float = 0.0,
   sampling (the last runs' mean beta, kept beside the measured costs, on
   the rule's grid), or None before any run."""
   sampling = sampling_lib.SamplingConfig(temperature, top_k, top_p)
-  kept = costs.acceptance_prior(model, draft, sampling)
+  kept = acceptance.acceptance_prior(model, draft, sampling)
   return None if kept is None else _on_prior_grid(kept)
 
 
@@ -176,9 +177,9 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
     The `DecodeResult`, gamma = max_gamma.
   """
   profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
-  prior, kept_length = costs.kept_figures(model, draft, sampling)
+  prior, kept_length = acceptance.kept_figures(model, draft, sampling)
   rule_costs = _rule_costs(profile, sampling.greedy)
-  alpha_prior = _on_prior_grid(costs.DEFAULT_ALPHA_PRIOR if prior is None
+  alpha_prior = _on_prior_grid(acceptance.DEFAULT_ALPHA_PRIOR if prior is None
                                else prior)
   proposal_costs = _proposal_costs(rule_costs, alpha_prior, min_gain)
   plain_args = baseline_args(model, tokens, rng, max_decode_len, sampling,
@@ -196,5 +197,5 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
       model, draft, tokens, rng=rng, max_decode_len=max_decode_len,
       sampling=sampling, eos_id=eos_id, gamma=max_gamma,
       proposal_costs=proposal_costs, **options)
-  costs.record_result(model, draft, sampling, result)
+  acceptance.record_result(model, draft, sampling, result)
   return result

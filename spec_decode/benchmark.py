@@ -278,7 +278,7 @@ def loop_iteration_seconds(target: Model, draft: Model,
 
   For each count g (0: baseline decoding; else gamma='auto''s own loop at
   `max_gamma` with every row proposing g, `adaptive.forced_costs`: the
-  program the rule's choices run in, its call-width switch, catch-ups and
+  program the rule's choices run in, its per-width loops, catch-ups and
   rule included) the probe is decoded to `length` tokens and to
   `SHORT_LENGTH`, with no EOS, so every row runs to the end and the number of
   iterations is the loop's own. (An early EOS would share one program

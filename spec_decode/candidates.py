@@ -245,8 +245,7 @@ def iterate(target: Decoder, draft: Decoder, as_draft: Callable[[], Any],
   with as_draft():
     logits, cache = drafting.catch_up(
         draft.config, draft.params, draft.prepared, draft.encoded,
-        draft_cache, inputs, lengths, draft_len, catch_up_widths,
-        jnp.ones((), jnp.bool_))
+        draft_cache, inputs, lengths, draft_len, catch_up_widths)
   tokens, valid, first_probs, chain_probs, chain_cache = draft_candidates(
       draft, as_draft, cache, logits, lengths, draft_keys, num_candidates,
       gamma, sampling)

@@ -1,4 +1,4 @@
-"""Decoder costs measured where decoding runs, cached, and gamma chosen from them.
+"""Decoder costs measured where decoding runs, and cached.
 
 Whether speculation pays depends on the machine: how much more a target call
 costs when it scores K tokens instead of one (1.2x on one CPU, 1.7x on
@@ -7,10 +7,8 @@ to a target step (c). So `gamma='auto'` measures both here, once per
 (target shapes, draft shapes, batch size, backend, device, CPU model and
 flags, jax version, decoder kernels), keeps them in a small JSON file under
 the user's cache directory, and hands them to the rule inside the compiled
-loop (`adaptive`). The pair's acceptance (the mean beta of its last runs,
-per sampling setting) and its usual output length are kept in the same
-file, so a fresh process starts from them (`acceptance_prior`,
-`output_length`, `record_acceptance`).
+loop (`adaptive`). The pair's acceptance and its usual output length are
+kept in the same file (`acceptance`).
 
 The cache (`cost_cache`) is never trusted blindly: an unreadable,
 malformed or wrong-version file, or an entry whose figures are not positive
@@ -26,7 +24,7 @@ import math
 import os
 import platform
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -41,11 +39,6 @@ from spec_decode.cost_cache import read_cache
 from spec_decode.model import Model
 
 DEFAULT_MAX_GAMMA = 7
-# Where gamma='auto' starts a pair it has never run: optimistic, so rows
-# propose and observe (each row's own estimate takes over within a few
-# iterations, and the run's acceptance is kept as the next prior). A
-# pessimistic start would never propose, so never learn.
-DEFAULT_ALPHA_PRIOR = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +231,7 @@ _MODEL_DIGESTS: 'weakref.WeakKeyDictionary[Model, str]' = (
     weakref.WeakKeyDictionary())
 
 
-def _model_digest(model: Model) -> str:
+def model_digest(model: Model) -> str:
   if model not in _MODEL_DIGESTS:
     text = json.dumps(model_description(model), sort_keys=True, default=str)
     _MODEL_DIGESTS[model] = hashlib.sha256(text.encode()).hexdigest()
@@ -248,7 +241,7 @@ def _model_digest(model: Model) -> str:
 def cache_key(target: Model, draft: Model, batch_size: int,
               max_gamma: int) -> str:
   # The few-row kernel or XLA's dots: each has its K-curve.
-  return _digest_key(_model_digest(target), _model_digest(draft), batch_size,
+  return _digest_key(model_digest(target), model_digest(draft), batch_size,
                      max_gamma, kernels.available())
 
 
@@ -264,110 +257,6 @@ def _digest_key(target: str, draft: str, batch_size: int, max_gamma: int,
                  'decoder_products': decoder_products}
   text = json.dumps(description, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _acceptance_key(target: Model, draft: Model, sampling: Any) -> str:
-  return _sampling_key(_model_digest(target), _model_digest(draft),
-                       sampling.temperature, sampling.top_k, sampling.top_p)
-
-
-@functools.lru_cache(maxsize=256)
-def _sampling_key(target: str, draft: str, temperature: float, top_k: int,
-                  top_p: float) -> str:
-  text = json.dumps({'target': target, 'draft': draft,
-                     'sampling': [temperature, top_k, top_p]},
-                    sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()
-
-
-def acceptance_prior(target: Model, draft: Model, sampling: Any,
-                     path: Optional[str] = None) -> Optional[float]:
-  """The pair's mean beta at this sampling setting (its last runs'), kept
-  beside the costs, or None before any run (`cost_cache.acceptance`)."""
-  _add_pending()
-  return cost_cache.acceptance(_acceptance_key(target, draft, sampling),
-                               path)
-
-
-def output_length(target: Model, draft: Model, sampling: Any,
-                  path: Optional[str] = None) -> Optional[float]:
-  """The pair's mean output length (tokens per row) at this sampling
-  setting, over its last runs that speculated, or None before any."""
-  _add_pending()
-  return cost_cache.output_length(_acceptance_key(target, draft, sampling),
-                                  path)
-
-
-def kept_figures(target: Model, draft: Model, sampling: Any
-                 ) -> Tuple[Optional[float], Optional[float]]:
-  """`acceptance_prior` and `output_length` as gamma='auto' reads them
-  before every call: the last calls' figures are added every
-  `PENDING_CALLS` calls, not every call (they move the kept means by far
-  less than their own noise)."""
-  if len(_PENDING) >= PENDING_CALLS:
-    _add_pending()
-  key, path = _acceptance_key(target, draft, sampling), cache_path()
-  return (cost_cache.acceptance(key, path),
-          cost_cache.output_length(key, path))
-
-
-def record_acceptance(target: Model, draft: Model, sampling: Any,
-                      beta_sum: float, beta_count: int, tokens: float = 0.0,
-                      rows: int = 0, path: Optional[str] = None) -> None:
-  """Adds a run's betas, and its rows' output lengths (`tokens` emitted by
-  `rows` rows), to the pair's kept figures."""
-  cost_cache.add_acceptance(_acceptance_key(target, draft, sampling),
-                            beta_sum, beta_count, tokens, rows, path)
-
-
-class _Pending(NamedTuple):
-  target: Model
-  draft: Model
-  sampling: Any
-  path: str
-  verified_positions: Any  # [batch], on the device until read
-  mean_beta: Any
-  lengths: Any
-
-
-# gamma='auto' calls whose figures are still on the device: added to the
-# pair's kept figures together, when read (`acceptance_prior`) or every
-# PENDING_CALLS calls (`kept_figures`), not at the end of each call: reading
-# a call's figures inside `generate` (waiting for its end, three small
-# transfers) cost 0.2-0.4 ms a call on a 2-core Xeon, 2-3% of a short
-# output's decode.
-_PENDING: List[_Pending] = []
-PENDING_CALLS = 16
-
-
-def record_result(target: Model, draft: Model, sampling: Any, result: Any,
-                  path: Optional[str] = None) -> None:
-  """Keeps a call's betas and its rows' lengths (a `DecodeResult`) to add to
-  the pair's figures (`record_acceptance`) later; a call whose rows
-  proposed nothing observed nothing and adds nothing."""
-  _PENDING.append(_Pending(target, draft, sampling, path or cache_path(),
-                           result.verified_positions, result.mean_beta,
-                           result.lengths))
-
-
-def _add_pending() -> None:
-  """Adds every kept call's figures, read in one transfer."""
-  if not _PENDING:
-    return
-  calls = list(_PENDING)
-  _PENDING.clear()
-  figures = jax.device_get([(call.verified_positions, call.mean_beta,
-                             call.lengths) for call in calls])
-  for call, (verified, mean_beta, lengths) in zip(calls, figures):
-    verified = np.asarray(verified)
-    if not verified.any():
-      continue
-    # Rows that examined nothing have a NaN mean and count 0.
-    betas = np.where(verified > 0, np.asarray(mean_beta), 0.0)
-    record_acceptance(call.target, call.draft, call.sampling,
-                      float(np.dot(betas, verified)), int(verified.sum()),
-                      float(np.asarray(lengths).sum()), len(verified),
-                      call.path)
 
 
 def measure_profile(target: Model, draft: Model, batch_size: int,

@@ -23,14 +23,12 @@ they behave alike under greedy decoding (where the processed distribution is
 one-hot) and sampling.
 """
 
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
-from spec_decode import sampling as sampling_lib
 from spec_decode import validation
-from spec_decode.sampling import SamplingConfig
 
 Array = jax.Array
 
@@ -96,69 +94,12 @@ def is_unsure(logits: Array, rule: Tuple[str, float]) -> Array:
   return entropy > threshold
 
 
-def propose(decode: Callable[[Any, Array, Array], Tuple[Array, Any]],
-            cache: Any, token: Array, logprobs: Array, step_keys: Array,
-            gamma: int, sampling: SamplingConfig, rule: Tuple[str, float],
-            stopped: Array) -> Tuple[Array, Array, Any, Array]:
-  """The draft's proposals, each row stopping when it is unsure.
-
-  Args:
-    decode: (cache, token [batch], i) -> (logits [batch, vocab], cache):
-      feeds proposal i (1-based) at position n + i.
-    cache: The draft cache after its first step.
-    token: int32 [batch] the first proposal (always made).
-    logprobs: float32 [batch, vocab] the processed distribution it was
-      drawn from.
-    step_keys: [batch, gamma] per-row keys, one per proposal.
-    gamma: Most proposals per row.
-    sampling: The shared sampling settings.
-    rule: (name, threshold) from `check_draft_stop`.
-    stopped: bool [batch] rows that propose only one token (finished rows),
-      so they never keep the loop going.
-
-  Returns:
-    tokens int32 [batch, gamma] (0 after a row's stop), probs float32
-    [batch, gamma, vocab] (0 after a row's stop: nothing was proposed
-    there), the draft cache, and int32 [batch] proposals per row in
-    [1, gamma].
-  """
-  batch, vocab = logprobs.shape
-  tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(token)
-  probs = jnp.zeros((batch, gamma, vocab), jnp.float32).at[:, 0].set(
-      jnp.exp(logprobs))
-
-  def cond(carry):
-    i, stopped = carry[0], carry[1]
-    return (i < gamma) & ~jnp.all(stopped)
-
-  def body(carry):
-    i, stopped, token, cache, tokens, probs, count = carry
-    logits, cache = decode(cache, token, i)
-    # A row that stops here has still fed its last proposal (position
-    # n + i), so its cache is complete up to what it may emit.
-    stopped = stopped | is_unsure(logits, rule)
-    logprobs = sampling_lib.process_logits(logits, sampling)
-    token = sampling_lib.sample_tokens(step_keys[:, i], logprobs,
-                                       sampling.greedy)
-    tokens = tokens.at[:, i].set(jnp.where(stopped, 0, token))
-    probs = probs.at[:, i].set(
-        jnp.where(stopped[:, None], 0.0, jnp.exp(logprobs)))
-    count = count + (~stopped).astype(jnp.int32)
-    return i + 1, stopped, token, cache, tokens, probs, count
-
-  carry = (jnp.ones((), jnp.int32), stopped, token, cache, tokens, probs,
-           jnp.ones((batch,), jnp.int32))
-  _, _, _, cache, tokens, probs, count = jax.lax.while_loop(cond, body,
-                                                            carry)
-  return tokens, probs, cache, count
-
-
 def never_accept_past(uniforms: Array, count: Array) -> Array:
   """Uniforms of 1 after each row's proposals, so none is ever accepted.
 
   Both rules accept position i only when u_i < a number <= 1. With q = 0
-  there (from `propose`), the position before is treated as the end of the
-  block: the bonus token after it comes from p.
+  there (from `drafting.propose`), the position before is treated as the
+  end of the block: the bonus token after it comes from p.
 
   Args:
     uniforms: float32 [batch, gamma] in [0, 1).

@@ -46,8 +46,8 @@ def slice_rows(array: Array, start: Array, size: int) -> Array:
 
 
 def catch_up(config, params, prepared, encoded, cache, inputs: Array,
-             lengths: Array, draft_len: Array, widths: Tuple[int, ...],
-             needed: Array) -> Tuple[Array, Any]:
+             lengths: Array, draft_len: Array, widths: Tuple[int, ...]
+             ) -> Tuple[Array, Any]:
   """Feeds every row's positions draft_len .. n; the logits at n.
 
   Args:
@@ -61,10 +61,6 @@ def catch_up(config, params, prepared, encoded, cache, inputs: Array,
     lengths: int32 [batch] emitted tokens n.
     draft_len: int32 [batch] right positions of each row's draft cache.
     widths: Chunk widths to compile, ascending.
-    needed: bool []: False feeds nothing (no row proposes this iteration;
-      the logits are then zeros and unused). A loop that does not start
-      costs nothing, where a `lax.cond` around the draft would copy its
-      cache in every iteration.
 
   Returns:
     float32 logits [batch, vocab] at position n, and the cache.
@@ -82,7 +78,7 @@ def catch_up(config, params, prepared, encoded, cache, inputs: Array,
     return run
 
   def cond(carry):
-    return needed & jnp.any(carry[2] <= lengths)
+    return jnp.any(carry[2] <= lengths)
 
   def body(carry):
     logits, cache, fed = carry
@@ -118,7 +114,8 @@ def propose(decode: Callable[[Any, Array, Array], Tuple[Array, Any]],
     logits: float32 [batch, vocab] the draft's logits at position n.
     step_keys: [batch, max_gamma] per-row keys, one per proposal.
     max_gamma: Most proposals per row (the buffers' size).
-    counts: int32 [batch] proposals each row may make, 0 .. max_gamma.
+    counts: int32 [batch] proposals each row may make, 0 .. max_gamma
+      (some row proposes: the loop runs the draft only then).
     sampling: The shared sampling settings.
     stop_rule: None, or a `draft_stop` rule: a row stops before a proposal
       (not the first) whose distribution is unsure.
@@ -138,12 +135,7 @@ def propose(decode: Callable[[Any, Array, Array], Tuple[Array, Any]],
                                        sampling.greedy), jnp.exp(logprobs))
 
   made = counts > 0
-  # The first draw only where some row proposes: gamma='auto' iterations in
-  # which none does skip its sampling (no caches pass through this cond).
-  token, probs_1 = jax.lax.cond(
-      jnp.any(made), lambda: draw(logits, 0),
-      lambda: (jnp.zeros((batch,), jnp.int32),
-               jnp.zeros((batch, vocab), jnp.float32)))
+  token, probs_1 = draw(logits, 0)
   tokens = jnp.zeros((batch, max_gamma), jnp.int32).at[:, 0].set(
       jnp.where(made, token, 0))
   probs = jnp.zeros((batch, max_gamma, vocab), jnp.float32).at[:, 0].set(

@@ -19,9 +19,11 @@ free because positions past a row's length are masked and later overwritten.
 The whole call is one jitted function: a `lax.while_loop` over iterations with
 the draft's steps inside it, so no host round trip per token. With
 gamma='auto' the costs and the prior are traced arguments, so one program
-serves every choice. (A gamma='auto' call not predicted to gain the margin
-by speculating, `adaptive.ever_proposes`, is a baseline decode: `generate`
-runs the baseline's program for it instead of this one.)
+serves every choice; each call width is an inner loop of its own, run
+while the rows' choices keep to it (no conditional at every iteration).
+(A gamma='auto' call not predicted to gain the margin by speculating,
+`adaptive.ever_proposes`, is a baseline decode: `generate` runs the
+baseline's program for it instead of this one.)
 """
 
 import functools
@@ -59,7 +61,6 @@ class _SpeculativeState:
   done: Array           # [batch] bool
   target_cache: Any
   draft_cache: Any
-  draft_encoded: Any    # the draft's EncodedInputs
   draft_len: Array      # [batch] int32 right positions of the draft cache
   target_calls: Array   # [batch] int32
   proposed: Array       # [batch] int32
@@ -67,6 +68,7 @@ class _SpeculativeState:
   beta_sum: Array       # [batch] float32
   beta_count: Array     # [batch] int32
   alpha: Array          # [batch] float32 the adaptive rule's estimate
+  counts: Array         # [batch] int32 proposals at the next iteration
   proposal_counts: Array  # [batch, gamma + 1] int32 iterations per count
   expected_tokens: Array  # [batch] float32 what the rule expected ...
   expected_cost: Array    # [batch] float32 ... and at what cost (steps)
@@ -100,10 +102,8 @@ def _speculative_generate(target_config, draft_config, target_params,
 def _constrain_state(state: _SpeculativeState) -> _SpeculativeState:
   """Keeps each row's state beside its cache rows on a mesh."""
   caches = dict(target_cache=state.target_cache,
-                draft_cache=state.draft_cache,
-                draft_encoded=state.draft_encoded)
-  bare = state.replace(target_cache=None, draft_cache=None,
-                       draft_encoded=None)
+                draft_cache=state.draft_cache)
+  bare = state.replace(target_cache=None, draft_cache=None)
   return partitioning_lib.constrain_rows(bare).replace(**caches)
 
 
@@ -124,6 +124,10 @@ def _speculative_loop(target_config, draft_config, target_params,
                       as_draft, num_candidates: int) -> DecodeResult:
   batch = encoder_input_tokens.shape[0]
   auto = proposal_costs is not None
+  if auto:
+    # The rule chooses among the counts this loop was compiled for.
+    proposal_costs = proposal_costs.replace(
+        iteration_cost=proposal_costs.iteration_cost[:gamma + 1])
   widths = adaptive.chunk_widths(gamma) if auto else (gamma + 1,)
   catch_up_widths = (drafting.ADAPTIVE_CATCH_UP_WIDTHS if auto
                      else drafting.FIXED_CATCH_UP_WIDTHS)
@@ -151,14 +155,31 @@ def _speculative_loop(target_config, draft_config, target_params,
   def cond(state):
     return (state.iteration < max_decode_len) & ~jnp.all(state.done)
 
-  def draft_block(state, draft_encoded, counts, draft_keys, draft_ran):
+  def choose(state):
+    """The rows' proposals at the next iteration (gamma='auto')."""
+    counts, expected, cost = adaptive.choose_counts(
+        state.alpha, max_decode_len - state.lengths, ~state.done,
+        proposal_costs)
+    # Rows still active after an iteration always run the next one.
+    return state.replace(
+        counts=counts,
+        expected_tokens=state.expected_tokens + jnp.where(state.done, 0.0,
+                                                          expected),
+        expected_cost=state.expected_cost + jnp.where(state.done, 0.0, cost))
+
+  def width_index(state):
+    """The next iteration's call width: the smallest covering every row's
+    proposals (finished rows propose 0)."""
+    return adaptive.width_index(jnp.max(state.counts) + 1, widths)
+
+  def draft_block(state, counts, draft_keys):
     """The draft's proposals (tokens, probs, cache, proposed, fed)."""
     n = state.lengths
     with as_draft():
       logits, cache = drafting.catch_up(
           draft_config, draft_params, draft_prepared, draft_encoded,
           state.draft_cache, state.inputs, n, state.draft_len,
-          catch_up_widths, draft_ran)
+          catch_up_widths)
 
       def decode(cache, token, i):
         logits, cache = decode_chunk(draft_config, draft_params,
@@ -176,56 +197,56 @@ def _speculative_loop(target_config, draft_config, target_params,
         sampling_lib.fold_in_rows(keys, state.iteration))
     return split[:, 0], split[:, 1], split[:, 2]
 
-  def verify(width, state, draft_tokens, draft_probs, uniforms, proposed,
-             correction_keys, target_cache):
-    return target_verification.score_and_verify(
+  def iterate(width, state):
+    """One iteration whose target call scores `width` tokens per row:
+    proposals (none at width 1: a plain target step, the draft idle), the
+    call, verification."""
+    draft_keys, accept_keys, correction_keys = iteration_keys(state)
+    if width == 1:
+      proposed = fed = jnp.zeros((batch,), jnp.int32)
+      draft_tokens = jnp.zeros((batch, gamma), jnp.int32)
+      draft_probs = jnp.zeros((batch, gamma, target_config.vocab_size),
+                              jnp.float32)
+      uniforms = jnp.ones((batch, gamma), jnp.float32)
+      draft_cache = state.draft_cache
+    else:
+      counts = (state.counts if auto
+                else jnp.full((batch,), gamma, jnp.int32))
+      draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
+          state, counts, draft_keys)
+      if sampling.greedy:
+        uniforms = jnp.zeros((batch, gamma), jnp.float32)
+      else:
+        uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(
+            accept_keys)
+      # Positions past a row's proposals are never accepted: the token
+      # after them is the bonus from p (their q is 0).
+      uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
+    verified = target_verification.score_and_verify(
         width, gamma, target_config, target_params, target_prepared,
-        target_encoded, target_cache,
+        target_encoded, state.target_cache,
         jnp.take_along_axis(state.inputs, state.lengths[:, None], axis=1),
         state.lengths, draft_tokens, draft_probs, uniforms, proposed,
         ~state.done, correction_keys, sampling, verification, lenience)
+    state = advance(state, verified, proposed, fed, width > 1, draft_cache)
+    return choose(state) if auto else state
 
-  def body(state):
-    """One iteration: proposals, one target call as wide as they need."""
-    draft_keys, accept_keys, correction_keys = iteration_keys(state)
-    if auto:
-      counts, expected, cost = adaptive.choose_counts(
-          state.alpha, max_decode_len - state.lengths, ~state.done,
-          proposal_costs)
-      # Where no row proposes, the draft feeds nothing and its loops do not
-      # start (a row with count 0 makes no proposal).
-      draft_ran = jnp.any(counts > 0)
-    else:
-      counts, expected, cost = jnp.full((batch,), gamma, jnp.int32), None, None
-      draft_ran = jnp.ones((), jnp.bool_)
-    draft_encoded = state.draft_encoded
-    draft_tokens, draft_probs, draft_cache, proposed, fed = draft_block(
-        state, draft_encoded, counts, draft_keys, draft_ran)
-    if sampling.greedy:
-      uniforms = jnp.zeros((batch, gamma), jnp.float32)
-    else:
-      uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(
-          accept_keys)
-    # Positions past a row's proposals are never accepted: the token after
-    # them is the bonus from p (their q is 0).
-    uniforms = draft_stop_lib.never_accept_past(uniforms, proposed)
-    # One target call scores the last token and every row's proposals, as
-    # wide as the longest needs: each width is a branch with everything
-    # after the call at that width.
-    # (The cache is the branches' only operand: XLA:CPU then updates it in
-    # place in every branch; operands beside it cost copies of it.)
-    branches = [functools.partial(verify, width, state, draft_tokens,
-                                  draft_probs, uniforms, proposed,
-                                  correction_keys) for width in widths]
-    if len(branches) == 1:
-      verified = branches[0](state.target_cache)
-    else:
-      verified = jax.lax.switch(
-          adaptive.width_index(
-              jnp.max(jnp.where(~state.done, proposed, 0)) + 1, widths),
-          branches, state.target_cache)
-    return advance(state, verified, proposed, fed, draft_ran, draft_cache,
-                   draft_encoded, expected, cost)
+  def at_width(index, state):
+    """Iterations at widths[index] for as long as the rows' choices keep
+    to it (none if they do not start there)."""
+    def keeps_width(state):
+      return cond(state) & (width_index(state) == index)
+    return jax.lax.while_loop(
+        keeps_width, functools.partial(iterate, widths[index]), state)
+
+  def through_widths(state):
+    """Each width's loop in turn, so a change of width costs a loop's exit
+    and another's start, where a conditional at every iteration cost ~0.1
+    ms of XLA:CPU's own time (5% of a main-job iteration on a 2-core Xeon)
+    and loops inside a conditional copied the caches at every iteration."""
+    for index in range(len(widths)):
+      state = at_width(index, state)
+    return state
 
   def candidates_body(state):
     """One iteration with k candidates per row (`candidates`)."""
@@ -234,7 +255,7 @@ def _speculative_loop(target_config, draft_config, target_params,
         candidates.Decoder(target_config, target_params, target_prepared,
                            target_encoded),
         candidates.Decoder(draft_config, draft_params, draft_prepared,
-                           state.draft_encoded), as_draft,
+                           draft_encoded), as_draft,
         state.target_cache, state.draft_cache, state.inputs, state.lengths,
         state.draft_len, ~state.done, (draft_keys, accept_keys,
                                        correction_keys),
@@ -242,12 +263,10 @@ def _speculative_loop(target_config, draft_config, target_params,
     state = state.replace(first_accept_sum=state.first_accept_sum + jnp.where(
         state.done, 0.0, first_accept))
     return advance(state, verified, jnp.full((batch,), gamma, jnp.int32),
-                   jnp.full((batch,), gamma - 1, jnp.int32),
-                   jnp.ones((), jnp.bool_), draft_cache, state.draft_encoded,
-                   None, None)
+                   jnp.full((batch,), gamma - 1, jnp.int32), True,
+                   draft_cache)
 
-  def advance(state, verified, proposed, fed, draft_ran, draft_cache,
-              draft_encoded, expected, cost):
+  def advance(state, verified, proposed, fed, draft_ran: bool, draft_cache):
     """The state after an iteration: tokens emitted up to EOS or the limit,
     statistics, caches."""
     n = state.lengths
@@ -263,18 +282,6 @@ def _speculative_loop(target_config, draft_config, target_params,
     new_logprobs = jnp.where(emitted, verified.new_logprobs, 0.0)
     active_int = active.astype(jnp.int32)
     num_accepted = verified.accepted
-    state = state.replace(
-        alpha=(adaptive.update_alpha(state.alpha, verified.beta_sum,
-                                     verified.examined,
-                                     proposal_costs.alpha_prior)
-               if auto else state.alpha),
-        proposal_counts=state.proposal_counts + active_int[:, None] * (
-            positions[None, :] == proposed[:, None]).astype(jnp.int32))
-    if auto:
-      state = state.replace(
-          expected_tokens=state.expected_tokens + jnp.where(active, expected,
-                                                            0.0),
-          expected_cost=state.expected_cost + jnp.where(active, cost, 0.0))
     return _constrain_state(state.replace(
         iteration=state.iteration + 1,
         inputs=_write_rows(state.inputs, new_tokens, n + 1),
@@ -283,16 +290,21 @@ def _speculative_loop(target_config, draft_config, target_params,
         done=state.done | hit_eos | (n + count >= max_decode_len),
         target_cache=verified.target_cache,
         draft_cache=draft_cache,
-        draft_encoded=draft_encoded,
         # Right: position n (fed while catching up) and the accepted
         # proposals the draft fed itself.
-        draft_len=jnp.where(draft_ran, n + 1 + jnp.minimum(num_accepted, fed),
-                            state.draft_len),
+        draft_len=(n + 1 + jnp.minimum(num_accepted, fed) if draft_ran
+                   else state.draft_len),
         target_calls=state.target_calls + active_int,
         proposed=state.proposed + proposed * active_int,
         accepted=state.accepted + num_accepted * active_int,
         beta_sum=state.beta_sum + verified.beta_sum,
-        beta_count=state.beta_count + verified.examined))
+        beta_count=state.beta_count + verified.examined,
+        alpha=(adaptive.update_alpha(state.alpha, verified.beta_sum,
+                                     verified.examined,
+                                     proposal_costs.alpha_prior)
+               if auto else state.alpha),
+        proposal_counts=state.proposal_counts + active_int[:, None] * (
+            positions[None, :] == proposed[:, None]).astype(jnp.int32)))
 
   zeros = jnp.zeros((batch,), jnp.int32)
   float_zeros = jnp.zeros((batch,), jnp.float32)
@@ -307,16 +319,21 @@ def _speculative_loop(target_config, draft_config, target_params,
       done=jnp.zeros((batch,), jnp.bool_),
       target_cache=init_cache(target_config, batch, cache_len),
       draft_cache=draft_cache,
-      draft_encoded=draft_encoded,
       draft_len=zeros,
       target_calls=zeros, proposed=zeros, accepted=zeros,
       beta_sum=float_zeros, beta_count=zeros,
       alpha=jnp.full((batch,), prior, jnp.float32),
+      counts=jnp.full((batch,), gamma, jnp.int32),
       proposal_counts=jnp.zeros((batch, gamma + 1), jnp.int32),
       expected_tokens=float_zeros, expected_cost=float_zeros,
       first_accept_sum=float_zeros))
-  state = jax.lax.while_loop(
-      cond, candidates_body if num_candidates > 1 else body, state)
+  if num_candidates > 1:
+    state = jax.lax.while_loop(cond, candidates_body, state)
+  elif auto:
+    state = jax.lax.while_loop(cond, through_widths, choose(state))
+  else:
+    state = jax.lax.while_loop(cond, functools.partial(iterate, gamma + 1),
+                               state)
   return DecodeResult(
       tokens=state.inputs[:, 1:max_decode_len + 1],
       lengths=state.lengths,

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import spec_decode as sd
+from spec_decode import acceptance
 from spec_decode import adaptive
 from spec_decode import auto_generation
 from spec_decode import cost_cache
@@ -172,14 +173,14 @@ def auto_costs(monkeypatch, tmp_path):
   monkeypatch.setattr(adaptive, 'MIN_GAIN', TEST_MIN_GAIN)
   cost_cache.forget_acceptance()
   state = {}
-  output_length = costs.output_length
+  output_length = acceptance.output_length
 
   def use(verify, c=0.05, prior=None):
     state['profile'] = cost_profile_from_curve(verify, c)
     if prior is not None:
-      monkeypatch.setattr(costs, 'acceptance_prior',
+      monkeypatch.setattr(acceptance, 'acceptance_prior',
                           lambda *args, **kwargs: prior)
-      monkeypatch.setattr(costs, 'kept_figures', lambda *args: (
+      monkeypatch.setattr(acceptance, 'kept_figures', lambda *args: (
           prior, output_length(*args)))
   monkeypatch.setattr(costs, 'cost_profile',
                       lambda *args, **kwargs: state['profile'])
@@ -320,23 +321,23 @@ def test_the_pair_acceptance_is_kept_for_the_next_process(auto_costs,
   draft = perturbed(target, 0.3, seed=1)
   auto_costs(CHEAP)
   sampling = SamplingConfig(0.0)
-  assert costs.acceptance_prior(target, draft, sampling) is None
+  assert acceptance.acceptance_prior(target, draft, sampling) is None
   result = sd.generate(target, random_inputs(2, 7, 512, seed=4),
                        max_decode_len=12, draft=draft, gamma='auto')
   verified = np.asarray(result.verified_positions)
   want = float(np.sum(np.nan_to_num(np.asarray(result.mean_beta)) * verified)
                / np.sum(verified))
-  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
+  assert acceptance.acceptance_prior(target, draft, sampling) == pytest.approx(
       want, rel=1e-5)
   # A fresh process reads it back from the file; other samplings do not.
   cost_cache.forget_acceptance()
-  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
+  assert acceptance.acceptance_prior(target, draft, sampling) == pytest.approx(
       want, rel=1e-5)
-  assert costs.acceptance_prior(target, draft, SamplingConfig(1.0)) is None
+  assert acceptance.acceptance_prior(target, draft, SamplingConfig(1.0)) is None
   assert cost_cache.read_cache(cost_cache.cache_path()) == {}  # Costs untouched.
   # Beside it, the rows' mean output length: what the next call's decision
   # to speculate weighs the call's one-off costs against.
-  assert costs.output_length(target, draft, sampling) == pytest.approx(
+  assert acceptance.output_length(target, draft, sampling) == pytest.approx(
       float(np.mean(result.lengths)))
 
 
@@ -344,7 +345,7 @@ def test_calls_add_their_figures_later_and_all_of_them(auto_costs,
                                                         monkeypatch):
   # A call does not wait for its own figures: they are read every
   # PENDING_CALLS calls, or when asked for, and none is lost.
-  monkeypatch.setattr(costs, 'PENDING_CALLS', 2)
+  monkeypatch.setattr(acceptance, 'PENDING_CALLS', 2)
   target = random_model(0)
   draft = perturbed(target, 0.3, seed=1)
   auto_costs(CHEAP)
@@ -353,47 +354,17 @@ def test_calls_add_their_figures_later_and_all_of_them(auto_costs,
   for seed in range(3):
     results.append(sd.generate(target, random_inputs(2, 7, 512, seed=seed),
                                max_decode_len=12, draft=draft, gamma='auto'))
-    kept, _ = costs.kept_figures(target, draft, sampling)
+    kept, _ = acceptance.kept_figures(target, draft, sampling)
     # One call waiting is left waiting; two are added.
     assert (kept is None) == (seed == 0)
   verified = np.concatenate([np.asarray(r.verified_positions)
                              for r in results])
   betas = np.concatenate([np.nan_to_num(np.asarray(r.mean_beta))
                           for r in results])
-  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
+  assert acceptance.acceptance_prior(target, draft, sampling) == pytest.approx(
       float(np.dot(betas, verified) / verified.sum()), rel=1e-5)
-  assert costs.output_length(target, draft, sampling) == pytest.approx(
+  assert acceptance.output_length(target, draft, sampling) == pytest.approx(
       float(np.mean([np.asarray(r.lengths) for r in results])))
-
-
-def test_a_corrupt_acceptance_entry_is_ignored(tmp_path, monkeypatch):
-  monkeypatch.setenv(cost_cache.CACHE_DIR_ENV, str(tmp_path))
-  cost_cache.forget_acceptance()
-  target = random_model(0)
-  draft = perturbed(target, 0.3, seed=1)
-  sampling = SamplingConfig(0.0)
-  costs.record_acceptance(target, draft, sampling, 6.0, 10)
-  path = cost_cache.cache_path()
-  text = open(path).read().replace('6.0', '60.0')  # sum > count: corrupt
-  with open(path, 'w') as f:
-    f.write(text)
-  cost_cache.forget_acceptance()
-  assert costs.acceptance_prior(target, draft, sampling) is None
-  # Lengths that cannot be (fewer tokens than rows) are dropped, the
-  # acceptance beside them kept.
-  costs.record_acceptance(target, draft, sampling, 6.0, 10, 30.0, 3)
-  text = open(path).read().replace('30.0', '2.0')
-  with open(path, 'w') as f:
-    f.write(text)
-  cost_cache.forget_acceptance()
-  assert costs.acceptance_prior(target, draft, sampling) == pytest.approx(
-      0.6)
-  assert costs.output_length(target, draft, sampling) is None
-  with open(path, 'w') as f:
-    f.write('{not json')
-  cost_cache.forget_acceptance()
-  assert costs.acceptance_prior(target, draft, sampling) is None
-  cost_cache.forget_acceptance()
 
 
 @pytest.mark.parametrize('kwargs, message', [

@@ -370,7 +370,7 @@ def _stopped_exact(p, q, rule, verification, zero_after_stop=True):
 
   The stop point k of a block is computed by `draft_stop.is_unsure` on the
   draft's distributions along it (passed as logits log q), the draft's
-  probabilities after k are zeroed as `draft_stop.propose` does, and
+  probabilities after k are zeroed as `drafting.propose` does, and
   positions from k on never pass (their uniforms are 1, as
   `draft_stop.never_accept_past` sets them).
   """
