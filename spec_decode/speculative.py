@@ -139,16 +139,13 @@ def _speculative_loop(target_config, draft_config, target_params,
   cache_len = max_decode_len + reach + 2
   buffer_len = max_decode_len + reach + 1
 
-  def encode_for_draft():
-    with as_draft():
-      return prepare_decoding(draft_config, draft_params,
-                              encoder_input_tokens, draft_prepared)
-
   # With gamma='auto' too: a call runs this program only when its rows are
   # predicted to propose (`adaptive.ever_proposes`). (Run at the first
   # proposing iteration instead, under a conditional, it cost a conditional
   # and a copy of the draft's encoded inputs at every iteration.)
-  draft_encoded = encode_for_draft()
+  with as_draft():
+    draft_encoded = prepare_decoding(draft_config, draft_params,
+                                     encoder_input_tokens, draft_prepared)
   keys = sampling_lib.row_keys(rng, batch)
   positions = jnp.arange(gamma + 1, dtype=jnp.int32)
 
