@@ -23,6 +23,20 @@ speedup over baseline must clear to speculate (`generate`'s `min_gain`;
 default `adaptive.MIN_GAIN`) set to each value: where a lower margin starts
 to pay, or to lose, on this machine.
 
+--simulate times nothing: it replays greedy decoding's iterations exactly
+instead. Under greedy decoding a proposal is accepted exactly when the
+draft's argmax agrees with the target's output at its position, so where
+the draft's teacher-forced argmax agrees with each input's greedy output
+decides every iteration of any proposal policy. The in-loop rule
+(`adaptive.choose_counts`, `adaptive.update_alpha`) is replayed at each of
+--alpha_rates, and every row proposing each count of --gammas at every
+iteration, all priced with the pair's measured costs (`costs.cost_profile`,
+in baseline steps); the replay's histogram at today's `adaptive.ALPHA_RATE`
+is checked against the compiled loop's own. What a policy is worth by the
+costs the rule reads, free of the machine's timing noise:
+
+  python scripts/auto_gamma.py --simulate --source=test --num_calls=32
+
 Prints, per task and temperature: ms per emitted token of each variant,
 its speedup over baseline, the best fixed gamma, 'auto''s proposals per
 iteration (at each margin too), and its slowest/median call per token.
@@ -41,9 +55,13 @@ import jax
 import numpy as np
 
 import spec_decode as sd
+from spec_decode import acceptance
+from spec_decode import adaptive
+from spec_decode import auto_generation
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
+from spec_decode import model as model_lib
 from spec_decode import pretrained
 from spec_decode.data import tasks
 
@@ -65,6 +83,11 @@ flags.DEFINE_integer('repeats', 3, 'Timed calls per input and variant.')
 flags.DEFINE_string('target', 't5_local_target', 'Shipped target.')
 flags.DEFINE_string('draft', 't5_local_draft_tiny', 'Shipped draft.')
 flags.DEFINE_string('output', None, 'Write the figures as JSON here.')
+flags.DEFINE_bool('simulate', False,
+                  'Replay greedy iterations exactly instead of timing (see '
+                  'above).')
+flags.DEFINE_list('alpha_rates', ['0.15', '0.05', '0.02'],
+                  "The rule's ALPHA_RATE values --simulate replays.")
 
 LICENSES = '/usr/share/common-licenses'
 
@@ -169,6 +192,79 @@ def measure(target, draft, enc: np.ndarray, temperature: float
   }
 
 
+def agreement(target, draft, enc: np.ndarray) -> List[np.ndarray]:
+  """Per input: bool [length], where the draft's argmax agrees with the
+  target's greedy output (teacher-forced along it), which ends at EOS or
+  --max_decode_len."""
+  rows = []
+  for index in range(len(enc)):
+    tokens = enc[index:index + 1]
+    result = sd.generate(target, tokens, max_decode_len=FLAGS.max_decode_len)
+    output = np.asarray(result.tokens)[:, :int(result.lengths[0])]
+    logits = draft.logits(tokens, model_lib.shift_right(output))
+    rows.append(np.asarray(np.argmax(logits[0], axis=-1)) == output[0])
+  return rows
+
+
+def simulate(target, draft, enc: np.ndarray) -> Dict[str, object]:
+  """Every policy replayed on one task's inputs (greedy, batch 1)."""
+  profile = costs.cost_profile(target, draft, 1, costs.DEFAULT_MAX_GAMMA)
+  prior = auto_generation.auto_prior(target, draft)
+  prior = acceptance.DEFAULT_ALPHA_PRIOR if prior is None else prior
+  rule_costs = auto_generation.proposal_costs(profile, True, prior)
+  rows = agreement(target, draft, enc)
+  tokens = sum(len(row) for row in rows)
+  once = profile.call_cost(True) * len(rows)
+  extra = profile.call_extra_cost(True) * len(rows)
+  policies = {f'rule at ALPHA_RATE {rate}': (float(rate), None)
+              for rate in FLAGS.alpha_rates}
+  policies.update({f'every iteration {g}': (adaptive.ALPHA_RATE, int(g))
+                   for g in FLAGS.gammas
+                   if int(g) <= costs.DEFAULT_MAX_GAMMA})
+  figures = {}
+  kept_rate = adaptive.ALPHA_RATE
+  try:
+    for name, (rate, count) in policies.items():
+      adaptive.ALPHA_RATE = rate
+      histogram = sum(adaptive.replay_greedy(row, rule_costs,
+                                             FLAGS.max_decode_len, count)
+                      for row in rows)
+      cost = float(np.dot(histogram, rule_costs.iteration_cost))
+      figures[name] = {
+          'histogram': histogram.tolist(), 'iterations_cost': cost,
+          'predicted_speedup': (once + tokens) / (once + extra + cost)}
+  finally:
+    adaptive.ALPHA_RATE = kept_rate
+  # The replay against the loop itself, at today's rate.
+  today = [adaptive.replay_greedy(row, rule_costs, FLAGS.max_decode_len)
+           for row in rows]
+  loop = [np.asarray(sd.generate(
+      target, enc[i:i + 1], max_decode_len=FLAGS.max_decode_len, draft=draft,
+      gamma='auto').proposal_counts)[0] for i in range(len(rows))]
+  return {'prior': prior, 'tokens': tokens, 'policies': figures,
+          'replay_matches_loop': sum(
+              int(np.array_equal(a, b)) for a, b in zip(today, loop))}
+
+
+def main_simulate(report: Dict[str, object]) -> None:
+  target = pretrained.load(FLAGS.target)
+  draft = pretrained.load(FLAGS.draft)
+  vocabulary = pretrained.vocabulary()
+  for task in FLAGS.tasks:
+    enc = inputs_for(task, vocabulary)
+    row = {'task': task, 'temperature': 0.0, **simulate(target, draft, enc)}
+    report['rows'].append(row)
+    print(f"\n{task} greedy, {len(enc)} inputs, {row['tokens']} tokens, prior "
+          f"{row['prior']:.3f}; replay at ALPHA_RATE {adaptive.ALPHA_RATE} "
+          f"equals the loop's histogram on {row['replay_matches_loop']}/"
+          f"{len(enc)} inputs")
+    for name, figures in row['policies'].items():
+      histogram = {g: n for g, n in enumerate(figures['histogram']) if n}
+      print(f"  {name:28s} predicted {figures['predicted_speedup']:.3f}x "
+            f"(iterations {figures['iterations_cost']:.1f} baseline steps; "
+            f"proposals: iterations {histogram})", flush=True)
+
+
 def main(argv):
   del argv
   start = time.time()
@@ -176,6 +272,10 @@ def main(argv):
       'source', 'batch_size', 'num_calls', 'input_length', 'max_decode_len',
       'repeats', 'gammas', 'margins')})
   report['rows'] = []
+  if FLAGS.simulate:
+    main_simulate(report)
+    _write(report, start)
+    return
   target = pretrained.load(FLAGS.target)
   draft = pretrained.load(FLAGS.draft)
   vocabulary = pretrained.vocabulary()
@@ -199,6 +299,10 @@ def main(argv):
         print('  proposals per iteration at each margin: ' + ', '.join(
             f'{name} {mean:.2f}'
             for name, mean in row['mean_proposals'].items()), flush=True)
+  _write(report, start)
+
+
+def _write(report: Dict[str, object], start: float) -> None:
   report['seconds'] = time.time() - start
   if FLAGS.output:
     with open(FLAGS.output, 'w') as f:

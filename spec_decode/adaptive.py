@@ -260,6 +260,58 @@ def update_alpha(alpha: Array, beta_sum: Array, beta_count: Array,
   return jnp.where(seen, observed, drifted)
 
 
+def replay_greedy(agrees: np.ndarray, costs: ProposalCosts,
+                  max_decode_len: int, count: Optional[int] = None
+                  ) -> np.ndarray:
+  """The iterations a greedy row makes, replayed on the host.
+
+  Under greedy decoding a proposal is accepted exactly when the draft's
+  argmax agrees with the target's output at its position, and a row's
+  betas are 1 where accepted and 0 where rejected; so where the two agree
+  along the row's output decides every iteration the loop makes for it:
+  its own choices (`choose_counts`, `update_alpha`), or with every
+  iteration proposing `count` tokens (a plain step once no more than
+  `count` can still be emitted, as under `forced_costs`). Policies can so
+  be compared exactly, by the costs the rule reads, without timing
+  (`scripts/auto_gamma.py --simulate`).
+
+  Args:
+    agrees: bool [length] per position of the row's output (which ends at
+      EOS or max_decode_len): whether the draft's argmax, teacher-forced
+      along the output, is the output's token.
+    costs: The rule's inputs, as the loop got them.
+    max_decode_len: The call's output limit.
+    count: None for the rule's choices, else proposals per iteration.
+
+  Returns:
+    int64 [max_gamma + 1]: the row's iterations per proposal count (the
+    loop's `DecodeResult.proposal_counts` row).
+  """
+  max_gamma = costs.iteration_cost.shape[0] - 1
+  histogram = np.zeros(max_gamma + 1, np.int64)
+  alpha = np.full((1,), costs.alpha_prior, np.float32)
+  emitted = 0
+  while emitted < len(agrees):
+    remaining = max_decode_len - emitted
+    if count is None:
+      chosen = int(choose_counts(alpha, np.asarray([remaining], np.int32),
+                                 np.ones((1,), np.bool_), costs)[0][0])
+    else:
+      chosen = count if count < remaining else 0
+    accepted = 0
+    while (accepted < chosen and emitted + accepted < len(agrees)
+           and agrees[emitted + accepted]):
+      accepted += 1
+    # A rejected proposal is examined too (beta 0); none past it.
+    alpha = np.asarray(update_alpha(
+        alpha, np.asarray([accepted], np.float32),
+        np.asarray([min(accepted + 1, chosen)], np.int32),
+        costs.alpha_prior))
+    histogram[chosen] += 1
+    emitted += accepted + 1
+  return histogram
+
+
 def predicted_speedup(expected: Array, cost: Array) -> Array:
   """Tokens the rule expected per target step over its iterations: its
   predicted speedup over plain steps (NaN for a row that never ran)."""

@@ -108,6 +108,15 @@ def _proposal_costs(rule_costs: _RuleCosts, alpha_prior: float,
       rule_costs.call_extra_cost))
 
 
+def proposal_costs(profile: costs.CostProfile, greedy: bool,
+                   alpha_prior: float, min_gain: Optional[float] = None
+                   ) -> adaptive.ProposalCosts:
+  """What the in-loop rule reads for a pair's measured costs and a prior,
+  as `generate` passes it (min_gain None: `adaptive.MIN_GAIN`)."""
+  return _proposal_costs(_rule_costs(profile, greedy), alpha_prior,
+                         adaptive.MIN_GAIN if min_gain is None else min_gain)
+
+
 def _output_length(kept: Optional[float], max_decode_len: int) -> int:
   """The tokens a row of this call is expected to emit: the pair's usual
   output length `kept` (whole tokens, so calls share the cached answers),

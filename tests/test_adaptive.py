@@ -12,6 +12,7 @@ from spec_decode import auto_generation
 from spec_decode import cost_cache
 from spec_decode import costs
 from spec_decode import verification
+from spec_decode.model import shift_right
 from spec_decode.sampling import SamplingConfig
 
 from conftest import cost_profile_from_curve
@@ -226,6 +227,44 @@ def test_greedy_auto_equals_baseline(auto_costs, verify, batch):
       result.mean_proposals,
       (counts * np.arange(counts.shape[1])).sum(1) / counts.sum(1),
       rtol=1e-6)
+
+
+@pytest.mark.parametrize('verify, batch', [(MIXED, 4), (CHEAP, 3)])
+def test_each_row_makes_the_choices_its_agreement_says(auto_costs, verify,
+                                                       batch):
+  """The loop's proposals per row are what the rule chooses from that
+  row's own betas: replayed from where the draft's argmax agrees with the
+  output, for every row of a batch whose rows go different ways."""
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(batch, 7, 512, seed=batch + 10)
+  eos = _eos_inside_horizon(target, enc)
+  auto_costs(verify, prior=0.6)
+  result = sd.generate(target, enc, max_decode_len=MAX_LEN, eos_id=eos,
+                       draft=draft, gamma='auto')
+  rule_costs = auto_generation.proposal_costs(
+      costs.cost_profile(target, draft, batch, costs.DEFAULT_MAX_GAMMA),
+      True, auto_generation.auto_prior(target, draft))
+  counts = np.asarray(result.proposal_counts)
+  for row in range(batch):
+    output = np.asarray(result.tokens)[row:row + 1, :int(result.lengths[row])]
+    logits = draft.logits(enc[row:row + 1], shift_right(output))
+    agrees = np.argmax(np.asarray(logits)[0], axis=-1) == output[0]
+    np.testing.assert_array_equal(
+        adaptive.replay_greedy(agrees, rule_costs, MAX_LEN), counts[row])
+  # The rule moved: some row used more than one count.
+  assert any(np.count_nonzero(row) > 1 for row in counts)
+
+
+def test_replayed_fixed_counts_are_what_forced_costs_make_the_loop_do():
+  costs_ = adaptive.forced_costs(3, 7)
+  agrees = np.asarray([True, True, True, False, True, False, True, True])
+  # 3 proposals (3 accepted: 4 tokens), 3 (1 accepted: 2 tokens), then
+  # plain steps: no more than 3 of the limit of 9 remain.
+  for count in (None, 3):
+    np.testing.assert_array_equal(
+        adaptive.replay_greedy(agrees, costs_, 9, count),
+        [2, 0, 0, 2, 0, 0, 0, 0])
 
 
 @pytest.mark.parametrize('route', [
