@@ -61,7 +61,6 @@ from spec_decode import auto_generation
 from spec_decode import benchmark
 from spec_decode import costs
 from spec_decode import evaluation
-from spec_decode import model as model_lib
 from spec_decode import pretrained
 from spec_decode.data import tasks
 
@@ -193,16 +192,13 @@ def measure(target, draft, enc: np.ndarray, temperature: float
 
 
 def agreement(target, draft, enc: np.ndarray) -> List[np.ndarray]:
-  """Per input: bool [length], where the draft's argmax agrees with the
-  target's greedy output (teacher-forced along it), which ends at EOS or
-  --max_decode_len."""
+  """Per input, `adaptive.greedy_agreement` along the target's greedy
+  output (ending at EOS or --max_decode_len)."""
   rows = []
   for index in range(len(enc)):
     tokens = enc[index:index + 1]
-    result = sd.generate(target, tokens, max_decode_len=FLAGS.max_decode_len)
-    output = np.asarray(result.tokens)[:, :int(result.lengths[0])]
-    logits = draft.logits(tokens, model_lib.shift_right(output))
-    rows.append(np.asarray(np.argmax(logits[0], axis=-1)) == output[0])
+    rows += adaptive.greedy_agreement(draft, tokens, sd.generate(
+        target, tokens, max_decode_len=FLAGS.max_decode_len))
   return rows
 
 

@@ -37,12 +37,14 @@ block is the bonus from p, as with `draft_stop`). The costs, the prior and
 the margin are traced arrays, so one compiled program serves every choice.
 """
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from spec_decode.model import shift_right
 
 Array = jax.Array
 
@@ -260,6 +262,28 @@ def update_alpha(alpha: Array, beta_sum: Array, beta_count: Array,
   return jnp.where(seen, observed, drifted)
 
 
+def greedy_agreement(draft: Any, encoder_input_tokens: Any, result: Any
+                     ) -> List[np.ndarray]:
+  """What `replay_greedy` reads, per row of a greedy decode.
+
+  Args:
+    draft: The draft `Model`.
+    encoder_input_tokens: int [batch, enc_len] the call's inputs.
+    result: The call's `DecodeResult` (greedy; baseline or speculative,
+      the same outputs).
+
+  Returns:
+    Per row, bool [length]: whether the draft's argmax, teacher-forced
+    along the row's output (one call for the batch: positions past a row's
+    end change nothing before it), is the output's token there.
+  """
+  tokens = np.asarray(result.tokens)
+  logits = draft.logits(encoder_input_tokens, shift_right(tokens))
+  agrees = np.argmax(np.asarray(logits), axis=-1) == tokens
+  return [agrees[row, :int(length)]
+          for row, length in enumerate(np.asarray(result.lengths))]
+
+
 def replay_greedy(agrees: np.ndarray, costs: ProposalCosts,
                   max_decode_len: int, count: Optional[int] = None
                   ) -> np.ndarray:
@@ -278,7 +302,7 @@ def replay_greedy(agrees: np.ndarray, costs: ProposalCosts,
   Args:
     agrees: bool [length] per position of the row's output (which ends at
       EOS or max_decode_len): whether the draft's argmax, teacher-forced
-      along the output, is the output's token.
+      along the output, is the output's token (`greedy_agreement`).
     costs: The rule's inputs, as the loop got them.
     max_decode_len: The call's output limit.
     count: None for the rule's choices, else proposals per iteration.

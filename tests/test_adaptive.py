@@ -12,7 +12,6 @@ from spec_decode import auto_generation
 from spec_decode import cost_cache
 from spec_decode import costs
 from spec_decode import verification
-from spec_decode.model import shift_right
 from spec_decode.sampling import SamplingConfig
 
 from conftest import cost_profile_from_curve
@@ -246,10 +245,10 @@ def test_each_row_makes_the_choices_its_agreement_says(auto_costs, verify,
       costs.cost_profile(target, draft, batch, costs.DEFAULT_MAX_GAMMA),
       True, auto_generation.auto_prior(target, draft))
   counts = np.asarray(result.proposal_counts)
-  for row in range(batch):
-    output = np.asarray(result.tokens)[row:row + 1, :int(result.lengths[row])]
-    logits = draft.logits(enc[row:row + 1], shift_right(output))
-    agrees = np.argmax(np.asarray(logits)[0], axis=-1) == output[0]
+  rows = adaptive.greedy_agreement(draft, enc, result)
+  assert len(rows) == batch
+  for row, agrees in enumerate(rows):
+    assert len(agrees) == int(result.lengths[row])
     np.testing.assert_array_equal(
         adaptive.replay_greedy(agrees, rule_costs, MAX_LEN), counts[row])
   # The rule moved: some row used more than one count.
