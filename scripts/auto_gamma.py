@@ -207,7 +207,11 @@ def simulate(target, draft, enc: np.ndarray) -> Dict[str, object]:
   profile = costs.cost_profile(target, draft, 1, costs.DEFAULT_MAX_GAMMA)
   prior = auto_generation.auto_prior(target, draft)
   prior = acceptance.DEFAULT_ALPHA_PRIOR if prior is None else prior
+  # The rule's costs as `generate` passes them (up to the default
+  # max_gamma), and every count's for the fixed policies.
   rule_costs = auto_generation.proposal_costs(profile, True, prior)
+  every_costs = auto_generation.proposal_costs(
+      profile, True, prior, max_gamma=profile.max_gamma)
   rows = agreement(target, draft, enc)
   tokens = sum(len(row) for row in rows)
   once = profile.call_cost(True) * len(rows)
@@ -222,10 +226,11 @@ def simulate(target, draft, enc: np.ndarray) -> Dict[str, object]:
   try:
     for name, (rate, count) in policies.items():
       adaptive.ALPHA_RATE = rate
-      histogram = sum(adaptive.replay_greedy(row, rule_costs,
+      policy_costs = rule_costs if count is None else every_costs
+      histogram = sum(adaptive.replay_greedy(row, policy_costs,
                                              FLAGS.max_decode_len, count)
                       for row in rows)
-      cost = float(np.dot(histogram, rule_costs.iteration_cost))
+      cost = float(np.dot(histogram, policy_costs.iteration_cost))
       figures[name] = {
           'histogram': histogram.tolist(), 'iterations_cost': cost,
           'predicted_speedup': (once + tokens) / (once + extra + cost)}

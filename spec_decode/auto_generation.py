@@ -3,12 +3,14 @@ runs a call.
 
 Before a call: the pair's measured costs (`costs.cost_profile`) and its kept
 acceptance as the rule's prior, made into the rule's inputs once per value;
-whether the call speculates at all, from its predicted speedup at the
-pair's usual output length (a call that does not runs the baseline's
-program). After a call: its betas and its rows' lengths, kept to add to the
-pair's figures when they are next read (`acceptance.record_result`: not waited
-for inside the call). The rule itself runs inside the compiled loop
-(`spec_decode.adaptive`, `spec_decode.speculative`).
+the program's size, where the caller leaves max_gamma to the costs (the most
+proposals they ever favour, `default_max_gamma`); whether the call
+speculates at all, from its predicted speedup at the pair's usual output
+length (a call that does not runs the baseline's program). After a call:
+its betas and its rows' lengths, kept to add to the pair's figures when they
+are next read (`acceptance.record_result`: not waited for inside the call).
+The rule itself runs inside the compiled loop (`spec_decode.adaptive`,
+`spec_decode.speculative`).
 """
 
 import functools
@@ -86,6 +88,52 @@ def _rule_costs(profile: costs.CostProfile, greedy: bool) -> _RuleCosts:
       profile.call_cost(greedy), profile.call_extra_cost(greedy))
 
 
+# The highest acceptance a row's estimate is taken to reach when sizing
+# gamma='auto''s program by default (`default_max_gamma`): counts that pay
+# only above it would gain little there, and every count the program can
+# choose costs each of its iterations something (its buffers and its call
+# width's loop).
+ALPHA_CEILING = 0.95
+
+
+@functools.lru_cache(maxsize=64)
+def _most_chosen_count(rule_costs: _RuleCosts) -> int:
+  """The largest count the rule picks at any estimate up to ALPHA_CEILING
+  (at least 1)."""
+  alphas = np.linspace(0.0, ALPHA_CEILING, 191, dtype=np.float32)
+  most = len(rule_costs.iteration_cost) - 1
+  counts, _, _ = adaptive.choose_counts(
+      alphas, np.full(alphas.shape, most + 1, np.int32),
+      np.ones(alphas.shape, np.bool_),
+      adaptive.ProposalCosts.create(rule_costs.iteration_cost, 0.5))
+  return max(1, int(np.max(counts)))
+
+
+def default_max_gamma(profile: costs.CostProfile, greedy: bool) -> int:
+  """The most tokens gamma='auto' lets a row propose when `generate` is not
+  given max_gamma: the largest count its rule chooses under the profile's
+  costs for any estimate up to ALPHA_CEILING (1 .. the profile's max_gamma).
+
+  Where a call scoring 8 tokens costs twice one scoring 4 (a 2-core CPU),
+  that is 3; where the K-curve is flat (accelerators), the profile's 7.
+  A program able to propose 7 spent 1.2-5.2% more per token (median 1.9%,
+  five paired runs) than one able to propose 3, making the same choices,
+  on the shipped pair (2-core AMX Xeon, 2026-12-07; scripts/README.md,
+  auto_gamma.py).
+
+  Args:
+    profile: The pair's measured costs (`costs.cost_profile`).
+    greedy: Greedy calls or sampled ones (their costs differ).
+  """
+  return _most_chosen_count(_rule_costs(profile, greedy))
+
+
+def _trimmed(rule_costs: _RuleCosts, max_gamma: int) -> _RuleCosts:
+  """The rule's costs for counts 0 .. max_gamma."""
+  return rule_costs._replace(
+      iteration_cost=rule_costs.iteration_cost[:max_gamma + 1])
+
+
 @functools.lru_cache(maxsize=256)
 def _would_propose(rule_costs: _RuleCosts, alpha_prior: float,
                    min_gain: float, output_length: int) -> bool:
@@ -109,11 +157,15 @@ def _proposal_costs(rule_costs: _RuleCosts, alpha_prior: float,
 
 
 def proposal_costs(profile: costs.CostProfile, greedy: bool,
-                   alpha_prior: float, min_gain: Optional[float] = None
-                   ) -> adaptive.ProposalCosts:
+                   alpha_prior: float, min_gain: Optional[float] = None,
+                   max_gamma: Optional[int] = None) -> adaptive.ProposalCosts:
   """What the in-loop rule reads for a pair's measured costs and a prior,
-  as `generate` passes it (min_gain None: `adaptive.MIN_GAIN`)."""
-  return _proposal_costs(_rule_costs(profile, greedy), alpha_prior,
+  as `generate` passes it (min_gain None: `adaptive.MIN_GAIN`; max_gamma
+  None: `default_max_gamma`)."""
+  if max_gamma is None:
+    max_gamma = default_max_gamma(profile, greedy)
+  return _proposal_costs(_trimmed(_rule_costs(profile, greedy), max_gamma),
+                         alpha_prior,
                          adaptive.MIN_GAIN if min_gain is None else min_gain)
 
 
@@ -155,7 +207,7 @@ def _baseline_as_auto(config, params, encoder_input_tokens, rng,
 
 def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                   max_decode_len: int, sampling: sampling_lib.SamplingConfig,
-                  eos_id: int, max_gamma: int, min_gain: float,
+                  eos_id: int, max_gamma: Optional[int], min_gain: float,
                   **options) -> DecodeResult:
   """Speculative decoding whose proposal counts the loop chooses.
 
@@ -176,18 +228,23 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
     max_decode_len: Output limit.
     sampling: Temperature, top-k and top-p of both models.
     eos_id: End-of-sequence id.
-    max_gamma: The most tokens a row proposes in an iteration.
+    max_gamma: The most tokens a row proposes in an iteration; None:
+      `default_max_gamma` of the pair's profile at `costs.DEFAULT_MAX_GAMMA`.
     min_gain: The margin over baseline decoding the call's predicted
       speedup must clear for it to speculate (`adaptive.MIN_GAIN` by
       default in `generate`).
     **options: `speculative.speculative_generate`'s verification options.
 
   Returns:
-    The `DecodeResult`, gamma = max_gamma.
+    The `DecodeResult`, gamma = the max_gamma used.
   """
-  profile = costs.cost_profile(model, draft, tokens.shape[0], max_gamma)
+  profile = costs.cost_profile(model, draft, tokens.shape[0],
+                               max_gamma or costs.DEFAULT_MAX_GAMMA)
   prior, kept_length = acceptance.kept_figures(model, draft, sampling)
   rule_costs = _rule_costs(profile, sampling.greedy)
+  if max_gamma is None:
+    max_gamma = _most_chosen_count(rule_costs)
+  rule_costs = _trimmed(rule_costs, max_gamma)
   alpha_prior = _on_prior_grid(acceptance.DEFAULT_ALPHA_PRIOR if prior is None
                                else prior)
   proposal_costs = _proposal_costs(rule_costs, alpha_prior, min_gain)

@@ -14,7 +14,6 @@ import numpy as np
 from spec_decode import adaptive
 from spec_decode import auto_generation
 from spec_decode import block_verification
-from spec_decode import costs
 from spec_decode import decoding
 from spec_decode import draft_stop as draft_stop_lib
 from spec_decode import partitioning as partitioning_lib
@@ -66,7 +65,10 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
       measured once and cached, the pair's alpha is kept beside them). One
       compiled program serves every choice. Speculative only.
     max_gamma: With gamma='auto', the most tokens a row proposes in an
-      iteration (default `costs.DEFAULT_MAX_GAMMA`); an integer >= 1.
+      iteration; an integer >= 1. By default, the most the measured costs
+      ever favour (`auto_generation.default_max_gamma`: up to
+      `costs.DEFAULT_MAX_GAMMA`, 3 on a 2-core CPU), so the program carries
+      no call width its rule would not use.
     min_gain: With gamma='auto', the margin a call's predicted speedup
       over baseline decoding (at the pair's usual output length, what the
       call spends once included) must clear before the call speculates;
@@ -152,7 +154,7 @@ def generate(model: Model, encoder_input_tokens: Any, *, max_decode_len: int,
   if draft is not None and gamma == 'auto':
     result = auto_generation.auto_generate(
         model, draft, placed_tokens, rng, max_decode_len, sampling, eos_id,
-        max_gamma or costs.DEFAULT_MAX_GAMMA,
+        max_gamma,
         adaptive.MIN_GAIN if min_gain is None else min_gain, **options)
   else:
     result = _decode(model, draft, placed_tokens, rng, max_decode_len,

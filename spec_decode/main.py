@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 from absl import flags
 import jax
 
+from spec_decode import auto_generation
 from spec_decode import costs as costs_lib
 from spec_decode import evaluation
 from spec_decode import generation
@@ -230,6 +231,13 @@ def run(config: MainConfig, output_dir: str) -> Dict[str, object]:
            ' / '.join(f'{cost:.2f}' for cost in [profile.plain_cost(True)] + [
                profile.iteration_cost(g, True) for g in counts]),
            profile.call_cost(), profile.call_extra_cost()))
+  if config.gamma == 'auto':
+    _log("gamma='auto' lets a row propose at most %d tokens greedy, %d at "
+         'T>0: the most its rule ever chooses under these costs (at an '
+         'acceptance up to %.2f)' % (
+             auto_generation.default_max_gamma(profile, True),
+             auto_generation.default_max_gamma(profile, False),
+             auto_generation.ALPHA_CEILING))
   rows = []
   for task in config.tasks:
     for temperature in config.temperatures:

@@ -212,7 +212,10 @@ def test_greedy_auto_equals_baseline(auto_costs, verify, batch):
   np.testing.assert_allclose(result.token_logprobs, baseline.token_logprobs,
                              atol=1e-5)
   counts = np.asarray(result.proposal_counts)
-  assert counts.shape == (batch, costs.DEFAULT_MAX_GAMMA + 1)
+  # By default the program is sized to the most its costs ever favour.
+  assert result.gamma == auto_generation.default_max_gamma(
+      costs.cost_profile(target, draft, batch), True)
+  assert counts.shape == (batch, result.gamma + 1)
   np.testing.assert_array_equal(counts.sum(axis=1), result.target_calls)
   if verify is DEAR:  # The baseline's own loop ran: the same bits.
     assert counts[:, 1:].sum() == 0
@@ -287,9 +290,11 @@ def test_auto_that_never_proposes_is_the_baseline(auto_costs, route):
     # proposing call compiles.
     jax.clear_caches()
     auto_generation._BASELINE_READY.clear()  # pylint: disable=protected-access
-    auto_costs(CHEAP, prior=0.9)
+    auto_costs(MIXED, prior=0.9)
     assert np.asarray(auto().draft_tokens_proposed).sum() > 0
-  auto_costs(DEAR, prior=0.9)
+  # The same costs (a process measures them once), a prior at which no
+  # row's first choice is a proposal.
+  auto_costs(MIXED, prior=0.05)
   with decoder_compiles() as compiled:
     result = auto()
   if route == 'after_a_proposing_call':
@@ -306,28 +311,33 @@ def test_auto_that_never_proposes_is_the_baseline(auto_costs, route):
   assert counts[:, 1:].sum() == 0
   np.testing.assert_array_equal(result.draft_tokens_proposed, 0)
   np.testing.assert_allclose(result.predicted_speedup, 1.0)
-  assert result.gamma == costs.DEFAULT_MAX_GAMMA
+  assert result.gamma == auto_generation.default_max_gamma(
+      costs.cost_profile(target, draft, 4), False)
+  assert counts.shape == (4, result.gamma + 1)
 
 
 def test_one_program_serves_every_choice(auto_costs):
   target = random_model(0)
   draft = perturbed(target, 0.3, seed=1)
   enc = random_inputs(2, 7, 512, seed=3)
-  auto_costs(CHEAP, prior=0.9)
+  # A process's costs are measured once; its prior moves between calls.
+  auto_costs(MIXED, prior=0.7)
   first = sd.generate(target, enc, max_decode_len=12, draft=draft,
                       gamma='auto')
   histograms = [np.asarray(first.proposal_counts)]
-  # Neither program compiles again, whatever the rows choose; DEAR proposes
-  # nothing (the baseline's program, compiled by the first call).
+  # Neither program compiles again, whatever the rows choose (under MIXED
+  # 1 proposal below 0.95, 7 above); at prior 0.05 no row would propose
+  # (the baseline's program, compiled by the first call).
   with decoder_compiles() as compiled:
-    for verify, prior in ((DEAR, 0.9), (MIXED, 0.3), (CHEAP, 0.05)):
-      auto_costs(verify, prior=prior)
+    for prior in (0.98, 0.9, 0.05):
+      auto_costs(MIXED, prior=prior)
       result = sd.generate(target, enc, max_decode_len=12, draft=draft,
                            gamma='auto')
       histograms.append(np.asarray(result.proposal_counts))
   assert not compiled
-  # The choices did differ between the calls.
-  assert len({h.tobytes() for h in histograms}) > 1
+  # The choices did differ between the calls, and the last proposed nothing.
+  assert len({h.tobytes() for h in histograms}) > 2
+  assert histograms[-1][:, 1:].sum() == 0
 
 
 def test_a_prior_moved_within_its_grid_reuses_the_rule_inputs(auto_costs):
@@ -439,6 +449,46 @@ def test_min_gain_sets_the_margin_over_baseline_decoding(auto_costs):
     proposals[min_gain] = int(np.asarray(result.proposal_counts)[:, 1:].sum())
   assert proposals[1.0] > 0
   assert proposals[2.0] == 0
+
+
+@pytest.mark.parametrize('verify, greedy, want', [
+    (CHEAP, True, 7), (DEAR, True, 1), (MIXED, True, 7),
+    # A 2-core CPU's curve (the shipped pair, 2026-12-07): scoring 8
+    # tokens costs twice scoring 4, so 4 .. 7 proposals never pay below
+    # ALPHA_CEILING.
+    ([1.0, 1.16, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0], True, 3)])
+def test_the_default_max_gamma_is_the_most_the_rule_chooses(verify, greedy,
+                                                           want):
+  profile = cost_profile_from_curve(verify)
+  assert auto_generation.default_max_gamma(profile, greedy) == want
+  full = auto_generation.proposal_costs(profile, greedy, 0.5,
+                                        max_gamma=len(verify) - 1)
+  alphas = np.linspace(0.0, auto_generation.ALPHA_CEILING, 50,
+                       dtype=np.float32)
+  counts, _, _ = adaptive.choose_counts(
+      alphas, np.full(alphas.shape, 40), np.ones(alphas.shape, bool), full)
+  assert max(1, int(np.max(counts))) == want
+  # What `generate` passes the loop by default: costs of 0 .. want.
+  assert auto_generation.proposal_costs(
+      profile, greedy, 0.5).iteration_cost.shape == (want + 1,)
+
+
+def test_the_default_max_gamma_sizes_the_program(auto_costs):
+  target = random_model(0)
+  draft = perturbed(target, 0.3, seed=1)
+  enc = random_inputs(2, 7, 512, seed=5)
+  auto_costs([1.0, 1.16, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0], prior=0.99)
+  result = sd.generate(target, enc, max_decode_len=12, draft=draft,
+                       gamma='auto')
+  # Rows at an estimate above ALPHA_CEILING would choose 7 with every count
+  # compiled; the default program stops at 3.
+  assert result.gamma == 3
+  assert np.asarray(result.proposal_counts).shape == (2, 4)
+  assert np.asarray(result.proposal_counts)[:, 3].sum() > 0
+  wide = sd.generate(target, enc, max_decode_len=12, draft=draft,
+                     gamma='auto', max_gamma=7)
+  assert wide.gamma == 7
+  np.testing.assert_array_equal(wide.tokens, result.tokens)
 
 
 def test_max_gamma_bounds_the_proposals(auto_costs):

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from spec_decode import auto_generation
 from spec_decode import cost_cache as cache_lib
 from spec_decode import costs
 from spec_decode import main
@@ -36,10 +37,14 @@ def test_main_job_end_to_end(tmp_path, monkeypatch, cost_cache):
   assert report['machine']['cpu'] and report['costs']['verify_seconds']
   assert report['decoder_products'] in ('avx2', 'avx512', 'avx512+amx',
                                        'portable', 'xla')
+  profile = costs.CostProfile.from_json(report['costs'])
   for row in report['rows']:
-    # Each row chose per iteration, inside the loop: a histogram of counts.
-    assert len(row['proposal_counts']) == costs.DEFAULT_MAX_GAMMA + 1
-    assert 0.0 <= row['mean_proposals'] <= costs.DEFAULT_MAX_GAMMA
+    # Each row chose per iteration, inside the loop: a histogram of counts,
+    # up to the most the measured costs ever favour.
+    max_gamma = auto_generation.default_max_gamma(
+        profile, row['temperature'] == 0)
+    assert len(row['proposal_counts']) == max_gamma + 1
+    assert 0.0 <= row['mean_proposals'] <= max_gamma
     assert row['predicted_speedup_in_loop'] > 0
     if row['mean_proposals'] > 0:
       assert 0.0 <= row['alpha'] <= 1.0
