@@ -451,15 +451,16 @@ def test_min_gain_sets_the_margin_over_baseline_decoding(auto_costs):
   assert proposals[2.0] == 0
 
 
-@pytest.mark.parametrize('verify, greedy, want', [
-    (CHEAP, True, 7), (DEAR, True, 1), (MIXED, True, 7),
-    # A 2-core CPU's curve (the shipped pair, 2026-12-07): scoring 8
-    # tokens costs twice scoring 4, so 4 .. 7 proposals never pay below
-    # ALPHA_CEILING.
-    ([1.0, 1.16, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0], True, 3)])
-def test_the_default_max_gamma_is_the_most_the_rule_chooses(verify, greedy,
-                                                           want):
+# A 2-core CPU's curve (the shipped pair, 2026-12-07): scoring 8 tokens
+# costs twice scoring 4, so 4 .. 7 proposals never pay below ALPHA_CEILING.
+CPU = [1.0, 1.16, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0]
+
+
+@pytest.mark.parametrize('verify, want', [(CHEAP, 7), (DEAR, 1), (MIXED, 7),
+                                          (CPU, 3)])
+def test_the_default_max_gamma_is_the_most_the_rule_chooses(verify, want):
   profile = cost_profile_from_curve(verify)
+  greedy = True
   assert auto_generation.default_max_gamma(profile, greedy) == want
   full = auto_generation.proposal_costs(profile, greedy, 0.5,
                                         max_gamma=len(verify) - 1)
@@ -477,7 +478,7 @@ def test_the_default_max_gamma_sizes_the_program(auto_costs):
   target = random_model(0)
   draft = perturbed(target, 0.3, seed=1)
   enc = random_inputs(2, 7, 512, seed=5)
-  auto_costs([1.0, 1.16, 1.5, 1.5, 3.0, 3.0, 3.0, 3.0], prior=0.99)
+  auto_costs(CPU, prior=0.99)
   result = sd.generate(target, enc, max_decode_len=12, draft=draft,
                        gamma='auto')
   # Rows at an estimate above ALPHA_CEILING would choose 7 with every count
