@@ -25,6 +25,7 @@ from spec_decode import adaptive
 from spec_decode import compile as compile_lib
 from spec_decode import costs
 from spec_decode import decoding
+from spec_decode import multihost_agreement
 from spec_decode import sampling as sampling_lib
 from spec_decode import speculative
 from spec_decode.decoding import DecodeResult
@@ -205,6 +206,17 @@ def _baseline_as_auto(config, params, encoder_input_tokens, rng,
       gamma=max_gamma)
 
 
+def _process_zero_figures(prior: Optional[float], length: Optional[float]
+                          ) -> Tuple[Optional[float], Optional[float]]:
+  """The kept figures, process 0's on every process of a multi-host slice
+  (each keeps its own; the rule's inputs and the program must agree)."""
+  if not multihost_agreement.is_multihost():
+    return prior, length
+  agreed = multihost_agreement.process_zero_values(
+      [np.nan if value is None else value for value in (prior, length)])
+  return tuple(None if np.isnan(value) else float(value) for value in agreed)
+
+
 def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
                   max_decode_len: int, sampling: sampling_lib.SamplingConfig,
                   eos_id: int, max_gamma: Optional[int], min_gain: float,
@@ -240,7 +252,8 @@ def auto_generate(model: Model, draft: Model, tokens: Array, rng: Array,
   """
   profile = costs.cost_profile(model, draft, tokens.shape[0],
                                max_gamma or costs.DEFAULT_MAX_GAMMA)
-  prior, kept_length = acceptance.kept_figures(model, draft, sampling)
+  prior, kept_length = _process_zero_figures(
+      *acceptance.kept_figures(model, draft, sampling))
   rule_costs = _rule_costs(profile, sampling.greedy)
   if max_gamma is None:
     max_gamma = _most_chosen_count(rule_costs)

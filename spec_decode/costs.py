@@ -34,6 +34,7 @@ from spec_decode import adaptive
 from spec_decode import benchmark
 from spec_decode import cost_cache
 from spec_decode import kernels
+from spec_decode import multihost_agreement
 from spec_decode.cost_cache import cache_path
 from spec_decode.cost_cache import read_cache
 from spec_decode.model import Model
@@ -259,6 +260,12 @@ def _digest_key(target: str, draft: str, batch_size: int, max_gamma: int,
   return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _iteration_counts(max_gamma: int) -> Tuple[int, ...]:
+  """The proposal counts whose whole iterations a profile times."""
+  return (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
+                      if width > 1)
+
+
 def measure_profile(target: Model, draft: Model, batch_size: int,
                     max_gamma: int = DEFAULT_MAX_GAMMA,
                     encoder_length: int = 32, repeats: int = 7,
@@ -294,8 +301,7 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
               for k in range(1, max_gamma + 2)}
   variants[('draft', 1)] = (draft, 1, use_kernel)
   seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
-  counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
-                        if width > 1)
+  counts = _iteration_counts(max_gamma)
   sampled, greedy = (
       benchmark.loop_iteration_seconds(
           target, draft, probe, counts, max_gamma, repeats=repeats,
@@ -338,6 +344,9 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
                  refresh: bool = False) -> CostProfile:
   """The cached profile for this machine and these models, measured if needed.
 
+  On a multi-host slice process 0's kept entry or measurement counts on
+  every process (`multihost_agreement`).
+
   Args:
     target: The target.
     draft: The draft.
@@ -354,23 +363,35 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
   # The file is read once per process and key, not on every decode.
   if not refresh and (path, key) in _LOADED:
     return _LOADED[(path, key)]
+  profile = None
   if not refresh:
     entry = read_cache(path).get(key)
     profile = CostProfile.from_json(entry) if entry is not None else None
-    if profile is not None and profile.max_gamma == max_gamma:
-      _LOADED[(path, key)] = profile
-      return profile
-  # A notebook cell would otherwise look stuck for a minute or two.
-  logging.warning('spec_decode: measuring decoder costs on this machine for '
-                  "gamma='auto' (batch %d, max_gamma %d; once, about a "
-                  'minute or two, then kept in %s).', batch_size, max_gamma,
-                  path)
-  profile = measure_profile(target, draft, batch_size, max_gamma)
-  try:
-    cost_cache.write_entry(path, key, {**profile.to_json(),
-                                       'machine': machine_description()})
-  except OSError:
-    pass  # A read-only home still decodes; it measures again next time.
+    if profile is not None and profile.max_gamma != max_gamma:
+      profile = None
+  kept = profile is not None
+  # On a slice all processes measure (the timed programs are collective)
+  # or none does, as process 0 says; its figures then count everywhere.
+  if multihost_agreement.process_zero_flag(not kept):
+    # A notebook cell would otherwise look stuck for a minute or two.
+    logging.warning('spec_decode: measuring decoder costs on this machine '
+                    "for gamma='auto' (batch %d, max_gamma %d; once, about "
+                    'a minute or two, then kept in %s).', batch_size,
+                    max_gamma, path)
+    profile = measure_profile(target, draft, batch_size, max_gamma)
+    kept = False
+  elif not kept:  # Only process 0 kept one: its figures arrive below.
+    counts = _iteration_counts(max_gamma)
+    ones = lambda n: (1.0,) * n
+    profile = CostProfile(1.0, 1.0, ones(max_gamma + 1), counts,
+                          ones(len(counts)), ones(len(counts)))
+  profile = multihost_agreement.process_zero_profile(profile)
+  if not kept:
+    try:
+      cost_cache.write_entry(path, key, {**profile.to_json(),
+                                         'machine': machine_description()})
+    except OSError:
+      pass  # A read-only home still decodes; it measures again next time.
   _LOADED[(path, key)] = profile
   return profile
 

@@ -4,8 +4,9 @@
 
 Started by tests/test_partitioning.py. Each process builds the same model
 and inputs, decodes them unsharded on its own first device, then over the
-global (2, 4) mesh (rows split across the processes) and prints OK when
-both agree token for token.
+global (2, 4) mesh (rows split across the processes), and with gamma='auto'
+from figures that differ per process, and prints OK when all agree token
+for token.
 """
 
 import os
@@ -45,7 +46,39 @@ def main(port: str, process_id: str) -> None:
   for want, kwargs in zip(expected, (dict(), dict(draft=draft, gamma=3))):
     got = sd.generate(sharded, tokens, max_decode_len=8, **kwargs)
     np.testing.assert_array_equal(np.asarray(got.tokens), want)
+  _auto_agrees_across_processes(sharded, draft, tokens, expected[0])
   print('OK', jax.process_index(), flush=True)
+
+
+def _auto_agrees_across_processes(sharded, draft, tokens, want) -> None:
+  """gamma='auto' with figures that differ per process, as each keeps its
+  own on its disk: process 0's say speculate (flat costs, no acceptance
+  kept), process 1's say do not (costly calls, acceptance 0). Process 0's
+  count on both, so both run the same speculative program."""
+  import tempfile
+  import spec_decode as sd
+  from spec_decode import acceptance
+  from spec_decode import adaptive
+  from spec_decode import cost_cache
+  from spec_decode import costs
+  os.environ[cost_cache.CACHE_DIR_ENV] = tempfile.mkdtemp()
+  first = jax.process_index() == 0
+  verify = ([1.0, 1.0, 1.02, 1.02, 1.05, 1.05, 1.05, 1.05] if first
+            else [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
+  counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(7)
+                        if width > 1)
+  iterations = tuple(1.0 if g == 0 else verify[g] + 0.05 * g for g in counts)
+  costs.measure_profile = lambda *args, **kwargs: costs.CostProfile(
+      1.0, 0.05, tuple(verify), counts, iterations, iterations,
+      plain_iteration_seconds=1.0, greedy_plain_iteration_seconds=1.0,
+      call_seconds=1.0, call_extra_seconds=0.0)
+  acceptance.kept_figures = lambda *args: (None, None) if first else (0.0,
+                                                                       8.0)
+  got = sd.generate(sharded, tokens, max_decode_len=8, draft=draft,
+                    gamma='auto')
+  np.testing.assert_array_equal(np.asarray(got.tokens), want)
+  assert got.gamma == 7, got.gamma
+  assert np.asarray(got.proposal_counts)[:, 1:].sum() > 0
 
 
 if __name__ == '__main__':
