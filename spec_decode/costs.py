@@ -260,8 +260,9 @@ def _digest_key(target: str, draft: str, batch_size: int, max_gamma: int,
   return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _iteration_counts(max_gamma: int) -> Tuple[int, ...]:
-  """The proposal counts whose whole iterations a profile times."""
+def iteration_counts(max_gamma: int) -> Tuple[int, ...]:
+  """The proposal counts whose whole iterations a profile times: 0 and
+  each count that fills one of gamma='auto''s call widths."""
   return (0,) + tuple(width - 1 for width in adaptive.chunk_widths(max_gamma)
                       if width > 1)
 
@@ -301,7 +302,7 @@ def measure_profile(target: Model, draft: Model, batch_size: int,
               for k in range(1, max_gamma + 2)}
   variants[('draft', 1)] = (draft, 1, use_kernel)
   seconds = benchmark.decoder_call_seconds(variants, probe, repeats, steps)
-  counts = _iteration_counts(max_gamma)
+  counts = iteration_counts(max_gamma)
   sampled, greedy = (
       benchmark.loop_iteration_seconds(
           target, draft, probe, counts, max_gamma, repeats=repeats,
@@ -381,7 +382,7 @@ def cost_profile(target: Model, draft: Model, batch_size: int,
     profile = measure_profile(target, draft, batch_size, max_gamma)
     kept = False
   elif not kept:  # Only process 0 kept one: its figures arrive below.
-    counts = _iteration_counts(max_gamma)
+    counts = iteration_counts(max_gamma)
     ones = lambda n: (1.0,) * n
     profile = CostProfile(1.0, 1.0, ones(max_gamma + 1), counts,
                           ones(len(counts)), ones(len(counts)))

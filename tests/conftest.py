@@ -11,7 +11,6 @@ import pytest
 from scipy import stats
 
 import spec_decode as sd
-from spec_decode import adaptive
 from spec_decode import cost_cache
 from spec_decode import costs
 
@@ -181,8 +180,7 @@ def cost_profile_from_curve(verify, c: float = 0.05):
   a target call on g + 1 tokens (verify[g] steps) and g draft steps; a
   plain step of the speculative loop costs a baseline step, a call one step
   once, and speculating nothing more."""
-  counts = (0,) + tuple(width - 1 for width in
-                        adaptive.chunk_widths(len(verify) - 1) if width > 1)
+  counts = costs.iteration_counts(len(verify) - 1)
   return costs.CostProfile(
       1.0, c, tuple(verify), counts,
       tuple(1.0 if g == 0 else verify[g] + g * c for g in counts),

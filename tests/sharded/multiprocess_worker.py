@@ -18,8 +18,9 @@ os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
 from spec_decode import device_mesh
 
 
@@ -58,20 +59,16 @@ def _auto_agrees_across_processes(sharded, draft, tokens, want) -> None:
   import tempfile
   import spec_decode as sd
   from spec_decode import acceptance
-  from spec_decode import adaptive
   from spec_decode import cost_cache
   from spec_decode import costs
+  sys.path.insert(0, os.path.join(ROOT, 'tests'))
+  from conftest import cost_profile_from_curve
   os.environ[cost_cache.CACHE_DIR_ENV] = tempfile.mkdtemp()
   first = jax.process_index() == 0
   verify = ([1.0, 1.0, 1.02, 1.02, 1.05, 1.05, 1.05, 1.05] if first
             else [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])
-  counts = (0,) + tuple(width - 1 for width in adaptive.chunk_widths(7)
-                        if width > 1)
-  iterations = tuple(1.0 if g == 0 else verify[g] + 0.05 * g for g in counts)
-  costs.measure_profile = lambda *args, **kwargs: costs.CostProfile(
-      1.0, 0.05, tuple(verify), counts, iterations, iterations,
-      plain_iteration_seconds=1.0, greedy_plain_iteration_seconds=1.0,
-      call_seconds=1.0, call_extra_seconds=0.0)
+  costs.measure_profile = lambda *args, **kwargs: cost_profile_from_curve(
+      verify)
   acceptance.kept_figures = lambda *args: (None, None) if first else (0.0,
                                                                        8.0)
   got = sd.generate(sharded, tokens, max_decode_len=8, draft=draft,
